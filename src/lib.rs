@@ -1,0 +1,4 @@
+//! softrdma: RDMA for Rust over a pure user-space RoCEv2 transport.
+
+pub mod transport;
+pub mod wire;

@@ -1,0 +1,38 @@
+//! How the transport reaches registered memory: through keys, never through raw pointers.
+//!
+//! The Verbs layer implements [`MemoryAccess`] over its memory-region table for one protection
+//! domain; tests implement it over plain vectors. Every check the IBA asks of a key (it exists,
+//! belongs to this PD, grants the access, covers the range) happens behind this trait, so the
+//! transport cannot touch memory outside a registered region.
+
+use super::types::{AccessFlags, AtomicOp};
+
+/// Why a memory access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    #[error("no memory region with that key in this protection domain")]
+    InvalidKey,
+    #[error("the memory region does not grant the access")]
+    AccessDenied,
+    #[error("the range is outside the memory region")]
+    OutOfBounds,
+    #[error("atomic operand not 8-byte aligned")]
+    Misaligned,
+}
+
+/// Key-checked access to the memory of one protection domain.
+pub trait MemoryAccess {
+    /// Gather: copy `dst.len()` bytes from `addr` in the region with local key `lkey`.
+    fn local_read(&self, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// Scatter: copy `src` to `addr` in the region with `lkey`; needs LOCAL_WRITE.
+    fn local_write(&self, lkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError>;
+    /// Check that `len` bytes at `addr` under `rkey` grant `access` (REMOTE_READ/WRITE/ATOMIC).
+    fn remote_check(&self, rkey: u32, addr: u64, len: u64, access: AccessFlags) -> Result<(), MemError>;
+    /// Copy from remote-readable memory (serving an RDMA READ).
+    fn remote_read(&self, rkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// Copy into remote-writable memory (serving an RDMA WRITE).
+    fn remote_write(&self, rkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError>;
+    /// Execute an atomic on the 8 bytes at `addr` (8-byte aligned, REMOTE_ATOMIC); returns the
+    /// original value. Atomic with respect to every other atomic on the same memory.
+    fn remote_atomic(&self, rkey: u32, addr: u64, op: AtomicOp) -> Result<u64, MemError>;
+}

@@ -1,0 +1,10 @@
+//! The transport core, sans-IO: state machines fed packets and time, returning packets to send
+//! and completions. No sockets, no clocks, no threads (see [`rc::RcQp`] for the call order).
+
+pub mod memory;
+pub mod rc;
+pub mod types;
+
+pub use memory::{MemError, MemoryAccess};
+pub use rc::{PostError, QpError, RcQp};
+pub use types::*;

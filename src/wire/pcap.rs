@@ -1,0 +1,1 @@
+//! Reading and writing pcap files (to be filled in).
