@@ -27,7 +27,13 @@ pub trait MemoryAccess {
     /// Scatter: copy `src` to `addr` in the region with `lkey`; needs LOCAL_WRITE.
     fn local_write(&self, lkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError>;
     /// Check that `len` bytes at `addr` under `rkey` grant `access` (REMOTE_READ/WRITE/ATOMIC).
-    fn remote_check(&self, rkey: u32, addr: u64, len: u64, access: AccessFlags) -> Result<(), MemError>;
+    fn remote_check(
+        &self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<(), MemError>;
     /// Copy from remote-readable memory (serving an RDMA READ).
     fn remote_read(&self, rkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
     /// Copy into remote-writable memory (serving an RDMA WRITE).

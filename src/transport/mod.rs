@@ -3,6 +3,7 @@
 
 pub mod memory;
 pub mod rc;
+pub mod sim;
 pub mod types;
 
 pub use memory::{MemError, MemoryAccess};

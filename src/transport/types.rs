@@ -61,12 +61,33 @@ pub struct SendFlags {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum SendOp {
     Send,
-    SendWithImm { imm: u32 },
-    RdmaWrite { remote_addr: u64, rkey: u32 },
-    RdmaWriteWithImm { remote_addr: u64, rkey: u32, imm: u32 },
-    RdmaRead { remote_addr: u64, rkey: u32 },
-    CompareSwap { remote_addr: u64, rkey: u32, compare: u64, swap: u64 },
-    FetchAdd { remote_addr: u64, rkey: u32, add: u64 },
+    SendWithImm {
+        imm: u32,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    RdmaWriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    CompareSwap {
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    },
 }
 
 /// A send work request as queued on the send queue.
@@ -310,7 +331,13 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 256 }
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        }
     }
 }
 

@@ -1,6 +1,10 @@
 //! Reliable Connected transport: requester, completer and responder, as the IBA and rdma_rxe
 //! split it, behind one driver-facing type, [`RcQp`].
 
+mod completer;
 mod qp;
+mod requester;
+mod responder;
+mod timer;
 
 pub use qp::{PostError, QpError, RcQp};

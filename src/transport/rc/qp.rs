@@ -1,10 +1,19 @@
-//! The driver-facing RC queue pair (contract; to be implemented).
+//! The driver-facing RC queue pair: the QP state machine and attribute checks (IBA 10.3,
+//! 11.2.4.2), post-time checks of work requests, and the glue between the requester, the
+//! completer and the responder, which talk through typed events ([`ReqEvent`], [`CompAction`],
+//! [`RespEvent`]) that this module turns into timer, cursor and state changes.
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use crate::transport::memory::MemoryAccess;
 use crate::transport::types::*;
-use crate::wire::Packet;
+use crate::wire::{Kind, Packet, Psn, Service};
+
+use super::completer::{complete, CompAction, CompResult, Completer};
+use super::requester::{ReqEvent, ReqParams, Requester, SendEntry};
+use super::responder::{RespEvent, RespParams, Responder};
+use super::timer::{Timer, TimerTable};
 
 /// Errors of `modify_qp` (the verbs return `EINVAL` for all of them).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +49,112 @@ pub enum PostError {
     UnsupportedOp,
 }
 
+// Attribute mask bits (as `enum ibv_qp_attr_mask`, in our own order).
+const CUR_STATE: u32 = 1 << 0;
+const PATH_MTU: u32 = 1 << 1;
+const QKEY: u32 = 1 << 2;
+const RQ_PSN: u32 = 1 << 3;
+const SQ_PSN: u32 = 1 << 4;
+const DEST_QPN: u32 = 1 << 5;
+const ACCESS: u32 = 1 << 6;
+const PKEY: u32 = 1 << 7;
+const PORT: u32 = 1 << 8;
+const AV: u32 = 1 << 9;
+const TIMEOUT: u32 = 1 << 10;
+const RETRY: u32 = 1 << 11;
+const RNR_RETRY: u32 = 1 << 12;
+const MIN_RNR: u32 = 1 << 13;
+const MAX_RD: u32 = 1 << 14;
+const MAX_DEST_RD: u32 = 1 << 15;
+const SQ_DRAINING: u32 = 1 << 16;
+
+const ATTR_NAMES: [&str; 17] = [
+    "cur_qp_state",
+    "path_mtu",
+    "qkey",
+    "rq_psn",
+    "sq_psn",
+    "dest_qp_num",
+    "qp_access_flags",
+    "pkey_index",
+    "port_num",
+    "ah_attr",
+    "timeout",
+    "retry_cnt",
+    "rnr_retry",
+    "min_rnr_timer",
+    "max_rd_atomic",
+    "max_dest_rd_atomic",
+    "sq_draining",
+];
+
+/// Most READ/atomic requests outstanding either way (rxe: RXE_MAX_QP_RD_ATOM = 128).
+const MAX_RD_ATOMIC: u8 = 128;
+
+fn attr_mask(a: &QpAttr) -> u32 {
+    let mut m = 0;
+    let mut set = |present: bool, bit: u32| {
+        if present {
+            m |= bit
+        }
+    };
+    set(a.cur_qp_state.is_some(), CUR_STATE);
+    set(a.path_mtu.is_some(), PATH_MTU);
+    set(a.qkey.is_some(), QKEY);
+    set(a.rq_psn.is_some(), RQ_PSN);
+    set(a.sq_psn.is_some(), SQ_PSN);
+    set(a.dest_qp_num.is_some(), DEST_QPN);
+    set(a.qp_access_flags.is_some(), ACCESS);
+    set(a.pkey_index.is_some(), PKEY);
+    set(a.port_num.is_some(), PORT);
+    set(a.ah_attr.is_some(), AV);
+    set(a.timeout.is_some(), TIMEOUT);
+    set(a.retry_cnt.is_some(), RETRY);
+    set(a.rnr_retry.is_some(), RNR_RETRY);
+    set(a.min_rnr_timer.is_some(), MIN_RNR);
+    set(a.max_rd_atomic.is_some(), MAX_RD);
+    set(a.max_dest_rd_atomic.is_some(), MAX_DEST_RD);
+    set(a.sq_draining.is_some(), SQ_DRAINING);
+    m
+}
+
+/// Required and optional attributes of an RC transition (IBA Table 91 ff., the kernel's
+/// `qp_state_table` in `ib_modify_qp_is_ok`); `None` if the transition is not allowed.
+fn transition(from: QpState, to: QpState) -> Option<(u32, u32)> {
+    use QpState::*;
+    Some(match (from, to) {
+        (_, Reset) | (_, Err) => (0, 0),
+        (Reset, Init) => (PKEY | PORT | ACCESS, 0),
+        (Init, Init) => (0, PKEY | PORT | ACCESS),
+        (Init, Rtr) => (
+            AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD | MIN_RNR,
+            ACCESS | PKEY,
+        ),
+        (Rtr, Rts) => (
+            TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | MAX_RD,
+            CUR_STATE | ACCESS | MIN_RNR,
+        ),
+        (Rts, Rts) => (0, CUR_STATE | ACCESS | MIN_RNR),
+        (Rts, Sqd) => (0, 0),
+        (Sqd, Rts) => (0, CUR_STATE | ACCESS | MIN_RNR),
+        (Sqd, Sqd) => (
+            0,
+            PORT | AV
+                | TIMEOUT
+                | RETRY
+                | RNR_RETRY
+                | MAX_RD
+                | MAX_DEST_RD
+                | ACCESS
+                | PKEY
+                | MIN_RNR
+                | CUR_STATE,
+        ),
+        (Sqe, Rts) => (0, CUR_STATE | ACCESS),
+        _ => return None,
+    })
+}
+
 /// One RC queue pair's transport state.
 ///
 /// Call order for a driver, after quinn-proto: feed every received packet for this QP to
@@ -47,69 +162,553 @@ pub enum PostError {
 /// [`RcQp::handle_timeout`]; after either, and after posting, drain [`RcQp::poll_transmit`] until
 /// it returns `None` and [`RcQp::poll_completion`] until it returns `None`.
 pub struct RcQp {
-    _todo: (),
+    qpn: u32,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    state: QpState,
+    /// Attribute values as last set (current PSNs come from the parts).
+    attr: QpAttr,
+    req: Requester,
+    comp: Completer,
+    resp: Responder,
+    timers: TimerTable,
+    /// PSN to resume from when the RNR timer fires.
+    rnr_psn: Psn,
+    cq: Cq,
+    /// Alternates the transmitter between responder and requester.
+    resp_turn: bool,
 }
 
 impl RcQp {
     /// A new QP in RESET. `sq_sig_all` makes every send WR signaled.
     pub fn new(qpn: u32, caps: QpCaps, sq_sig_all: bool) -> Self {
-        let _ = (qpn, caps, sq_sig_all);
-        todo!()
+        let attr = QpAttr {
+            path_mtu: Some(Mtu::Mtu1024),
+            qkey: None,
+            rq_psn: Some(0),
+            sq_psn: Some(0),
+            dest_qp_num: Some(0),
+            qp_access_flags: Some(AccessFlags::NONE),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            ah_attr: None,
+            timeout: Some(0),
+            retry_cnt: Some(0),
+            rnr_retry: Some(0),
+            min_rnr_timer: Some(0),
+            max_rd_atomic: Some(0),
+            max_dest_rd_atomic: Some(0),
+            ..QpAttr::default()
+        };
+        RcQp {
+            qpn: qpn & 0x00ff_ffff,
+            caps,
+            sq_sig_all,
+            state: QpState::Reset,
+            attr,
+            req: Requester::default(),
+            comp: Completer::default(),
+            resp: Responder::default(),
+            timers: TimerTable::default(),
+            rnr_psn: Psn::new(0),
+            cq: Cq {
+                qpn: qpn & 0x00ff_ffff,
+                ..Cq::default()
+            },
+            resp_turn: false,
+        }
     }
     pub fn qpn(&self) -> u32 {
-        todo!()
+        self.qpn
     }
     pub fn state(&self) -> QpState {
-        todo!()
+        self.state
     }
     pub fn caps(&self) -> QpCaps {
-        todo!()
+        self.caps
     }
+
+    fn mtu(&self) -> usize {
+        self.attr.path_mtu.unwrap_or(Mtu::Mtu1024).bytes()
+    }
+
+    /// Local ACK timeout: 4.096 µs × 2^timeout; `None` for 0 (infinite, IBA 9.7.6.1.3).
+    fn ack_timeout(&self) -> Option<Duration> {
+        match self.attr.timeout.unwrap_or(0) {
+            0 => None,
+            t => Some(Duration::from_nanos(4096u64 << t.min(31))),
+        }
+    }
+
+    fn req_params(&self) -> ReqParams {
+        ReqParams {
+            mtu: self.mtu(),
+            dest_qpn: self.attr.dest_qp_num.unwrap_or(0),
+            max_rd_atomic: self.attr.max_rd_atomic.unwrap_or(0) as u32,
+            draining: self.state == QpState::Sqd,
+        }
+    }
+
+    fn resp_params(&self) -> RespParams {
+        RespParams {
+            mtu: self.mtu(),
+            dest_qpn: self.attr.dest_qp_num.unwrap_or(0),
+            access: self.attr.qp_access_flags.unwrap_or_default(),
+            max_dest_rd_atomic: self.attr.max_dest_rd_atomic.unwrap_or(0) as u32,
+            min_rnr_timer: self.attr.min_rnr_timer.unwrap_or(0),
+        }
+    }
+
+    fn push_completion(&mut self, c: Completion) {
+        self.cq.push(c);
+    }
+
     /// `ibv_modify_qp`: checks the transition and its required/optional attributes (IBA 11.2.4.2,
     /// as `ib_modify_qp_is_ok` does); moving to ERR flushes outstanding work.
     pub fn modify(&mut self, attr: &QpAttr, now: Instant) -> Result<(), QpError> {
-        let _ = (attr, now);
-        todo!()
+        let _ = now;
+        let cur = self.state;
+        if let Some(c) = attr.cur_qp_state {
+            if c != cur {
+                return Err(QpError::WrongCurrentState {
+                    expected: c,
+                    actual: cur,
+                });
+            }
+        }
+        let next = attr.qp_state.unwrap_or(cur);
+        let (required, optional) = transition(cur, next).ok_or(QpError::InvalidTransition {
+            from: cur,
+            to: next,
+        })?;
+        let mask = attr_mask(attr);
+        for (i, name) in ATTR_NAMES.iter().enumerate() {
+            let bit = 1u32 << i;
+            if required & bit != 0 && mask & bit == 0 {
+                return Err(QpError::MissingAttr(name));
+            }
+        }
+        for (i, name) in ATTR_NAMES.iter().enumerate() {
+            let bit = 1u32 << i;
+            if mask & bit != 0 && (required | optional) & bit == 0 {
+                return Err(QpError::UnexpectedAttr(name));
+            }
+        }
+        // Ranges (IBA 11.2.4.2, rxe_qp_chk_attr).
+        if attr.retry_cnt.is_some_and(|v| v > 7) {
+            return Err(QpError::BadAttr("retry_cnt"));
+        }
+        if attr.rnr_retry.is_some_and(|v| v > 7) {
+            return Err(QpError::BadAttr("rnr_retry"));
+        }
+        if attr.timeout.is_some_and(|v| v > 31) {
+            return Err(QpError::BadAttr("timeout"));
+        }
+        if attr.min_rnr_timer.is_some_and(|v| v > 31) {
+            return Err(QpError::BadAttr("min_rnr_timer"));
+        }
+        if attr.port_num.is_some_and(|v| v != 1) {
+            return Err(QpError::BadAttr("port_num"));
+        }
+        if attr.max_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC) {
+            return Err(QpError::BadAttr("max_rd_atomic"));
+        }
+        if attr.max_dest_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC) {
+            return Err(QpError::BadAttr("max_dest_rd_atomic"));
+        }
+        if attr.dest_qp_num.is_some_and(|v| v > 0x00ff_ffff) {
+            return Err(QpError::BadAttr("dest_qp_num"));
+        }
+        if let Some(av) = attr.ah_attr {
+            if av.port_num > 1 {
+                return Err(QpError::BadAttr("ah_attr.port_num"));
+            }
+        }
+        // Apply.
+        macro_rules! take {
+            ($($f:ident),*) => { $( if let Some(v) = attr.$f { self.attr.$f = Some(v); } )* };
+        }
+        take!(
+            path_mtu,
+            dest_qp_num,
+            qp_access_flags,
+            pkey_index,
+            port_num,
+            ah_attr,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            min_rnr_timer,
+            max_rd_atomic,
+            max_dest_rd_atomic
+        );
+        if let Some(p) = attr.rq_psn {
+            self.attr.rq_psn = Some(p & Psn::MASK);
+        }
+        if let Some(p) = attr.sq_psn {
+            self.attr.sq_psn = Some(p & Psn::MASK);
+        }
+        match (cur, next) {
+            (_, QpState::Reset) => {
+                // To RESET: queues emptied without completions (the CQ keeps what it has).
+                self.req.reset(Psn::new(0));
+                self.resp.reset(Psn::new(0));
+                self.timers.stop_all();
+                self.state = QpState::Reset;
+            }
+            (QpState::Err, QpState::Err) => {}
+            (_, QpState::Err) => self.enter_err(None),
+            (QpState::Init, QpState::Rtr) => {
+                let rq = std::mem::take(&mut self.resp.rq);
+                self.resp.reset(Psn::new(self.attr.rq_psn.unwrap_or(0)));
+                self.resp.rq = rq;
+                self.state = next;
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                self.req.reset(Psn::new(self.attr.sq_psn.unwrap_or(0)));
+                self.comp.set_counters(
+                    self.attr.retry_cnt.unwrap_or(0),
+                    self.attr.rnr_retry.unwrap_or(0),
+                );
+                self.state = next;
+            }
+            _ => {
+                if attr.retry_cnt.is_some() || attr.rnr_retry.is_some() {
+                    self.comp.set_counters(
+                        self.attr.retry_cnt.unwrap_or(0),
+                        self.attr.rnr_retry.unwrap_or(0),
+                    );
+                }
+                self.state = next;
+            }
+        }
+        Ok(())
     }
+
     /// `ibv_query_qp`: every attribute's current value.
     pub fn query(&self) -> QpAttr {
-        todo!()
+        let mut a = self.attr;
+        a.qp_state = Some(self.state);
+        a.cur_qp_state = Some(self.state);
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            a.sq_psn = Some(self.req.max_psn.value());
+        }
+        if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            a.rq_psn = Some(self.resp.epsn.value());
+        }
+        a.sq_draining = Some(self.state == QpState::Sqd && self.req.outstanding());
+        a
     }
+
     /// The address vector set at INIT->RTR: where packets go.
     pub fn destination(&self) -> Option<AddressVector> {
-        todo!()
+        self.attr.ah_attr
     }
+
     pub fn post_send(&mut self, wqe: SendWqe) -> Result<(), PostError> {
-        let _ = wqe;
-        todo!()
+        match self.state {
+            QpState::Rts | QpState::Sqd | QpState::Err => {}
+            s => return Err(PostError::InvalidState(s)),
+        }
+        let rd_atomic = matches!(
+            wqe.op,
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        );
+        if wqe.flags.inline {
+            if rd_atomic {
+                return Err(PostError::UnsupportedOp);
+            }
+            if wqe.inline_data.len() > self.caps.max_inline_data as usize {
+                return Err(PostError::InlineTooLong {
+                    got: wqe.inline_data.len(),
+                    max: self.caps.max_inline_data,
+                });
+            }
+        } else if wqe.sg_list.len() > self.caps.max_send_sge as usize {
+            return Err(PostError::TooManySge {
+                got: wqe.sg_list.len(),
+                max: self.caps.max_send_sge,
+            });
+        }
+        let len = wqe.length();
+        if len >= 1 << 31 {
+            return Err(PostError::MessageTooLong(len));
+        }
+        if matches!(wqe.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8 {
+            return Err(PostError::BadAtomicLength);
+        }
+        if self.req.sq.len() + self.cq.send_pending >= self.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let signaled = wqe.flags.signaled || self.sq_sig_all;
+        let e = SendEntry::new(wqe, signaled, self.mtu());
+        if self.state == QpState::Err {
+            // rxe: work posted to a QP in ERR is flushed at once.
+            let mut v = None;
+            complete(&e, WcStatus::WrFlushErr, true, &mut |c| v = Some(c));
+            if let Some(c) = v {
+                self.push_completion(c);
+            }
+            return Ok(());
+        }
+        self.req.sq.push_back(e);
+        Ok(())
     }
+
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
-        let _ = wqe;
-        todo!()
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if wqe.sg_list.len() > self.caps.max_recv_sge as usize {
+            return Err(PostError::TooManySge {
+                got: wqe.sg_list.len(),
+                max: self.caps.max_recv_sge,
+            });
+        }
+        if self.resp.rq.len() + self.cq.recv_pending >= self.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        if self.state == QpState::Err {
+            self.push_completion(flush_recv(wqe.wr_id, self.attr.dest_qp_num.unwrap_or(0)));
+            return Ok(());
+        }
+        self.resp.rq.push_back(wqe);
+        Ok(())
     }
+
+    /// Move to ERR (IBA 10.3.1.x): `fail` completes the WQE at send-queue index `at` with that
+    /// status; every other outstanding send and receive WQE is flushed with WR_FLUSH_ERR.
+    fn enter_err_at(&mut self, fail: Option<(usize, WcStatus)>) {
+        self.state = QpState::Err;
+        self.timers.stop_all();
+        let sq = std::mem::take(&mut self.req.sq);
+        for (i, e) in sq.iter().enumerate() {
+            let status = match fail {
+                Some((at, st)) if at == i => st,
+                _ => WcStatus::WrFlushErr,
+            };
+            let mut v = None;
+            complete(e, status, true, &mut |c| v = Some(c));
+            if let Some(c) = v {
+                self.push_completion(c);
+            }
+        }
+        self.req.idx = 0;
+        self.req.pkt = 0;
+        let rq = std::mem::take(&mut self.resp.rq);
+        let dest = self.attr.dest_qp_num.unwrap_or(0);
+        for w in rq {
+            self.push_completion(flush_recv(w.wr_id, dest));
+        }
+        self.resp.keep_naks_only();
+    }
+
+    fn enter_err(&mut self, fail: Option<WcStatus>) {
+        self.enter_err_at(fail.map(|s| (0, s)));
+    }
+
+    fn arm_retransmit(&mut self, now: Instant) {
+        match self.ack_timeout() {
+            Some(to) if self.req.outstanding() && !self.req.rnr_paused => {
+                self.timers.set(Timer::Retransmit, now + to)
+            }
+            _ => self.timers.stop(Timer::Retransmit),
+        }
+    }
+
+    fn apply_comp(&mut self, now: Instant, r: CompResult) {
+        if r.progress {
+            self.arm_retransmit(now);
+        }
+        match r.action {
+            CompAction::None => {}
+            CompAction::Retry(psn) => {
+                if !self.req.rnr_paused {
+                    self.req.seek(psn);
+                    self.arm_retransmit(now);
+                }
+            }
+            CompAction::RnrWait(psn, micros) => {
+                self.req.rnr_paused = true;
+                self.rnr_psn = psn;
+                self.timers.stop(Timer::Retransmit);
+                self.timers
+                    .set(Timer::Rnr, now + Duration::from_micros(micros));
+            }
+            CompAction::Fatal(status) => self.enter_err(Some(status)),
+        }
+    }
+
     /// A packet addressed to this QP (ICRC already verified by the driver).
     pub fn handle_packet(&mut self, now: Instant, pkt: &Packet<'_>, mem: &dyn MemoryAccess) {
-        let _ = (now, pkt, mem);
-        todo!()
+        if pkt.bth.dest_qpn != self.qpn {
+            return;
+        }
+        // IBA 9.6.1.1 (C9-41): the P_Key must match the QP's partition; only the default
+        // partition (table index 0, 0xffff) exists here. The membership bit is not compared.
+        if pkt.bth.pkey & 0x7fff != crate::wire::bth::DEFAULT_PKEY & 0x7fff {
+            return;
+        }
+        let Some(info) = pkt.info() else { return };
+        if info.service != Service::Rc {
+            return;
+        }
+        match info.kind {
+            Kind::Ack | Kind::AtomicAck | Kind::ReadResponse => {
+                // The completer runs while the send queue is active (IBA 10.3.1: RTS, SQD).
+                if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                    return;
+                }
+                let mtu = self.mtu();
+                let cq = &mut self.cq;
+                let r =
+                    self.comp
+                        .on_packet(&mut self.req, pkt, mtu, self.sq_sig_all, mem, &mut |c| {
+                            cq.push(c)
+                        });
+                self.apply_comp(now, r);
+            }
+            Kind::Send
+            | Kind::RdmaWrite
+            | Kind::ReadRequest
+            | Kind::CompareSwap
+            | Kind::FetchAdd => {
+                // IBA 10.3.1: the responder works in RTR, RTS and SQD; elsewhere requests are dropped.
+                if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                    return;
+                }
+                let p = self.resp_params();
+                let cq = &mut self.cq;
+                let ev = self.resp.on_request(pkt, &p, mem, &mut |c| cq.push(c));
+                if ev == RespEvent::Error {
+                    self.enter_err(None);
+                }
+            }
+            Kind::Cnp => {}
+        }
     }
+
     /// Timers due at or before `now` fire (retransmit, RNR wait, ...).
     pub fn handle_timeout(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
+        if self.timers.take_expired(Timer::Rnr, now) {
+            self.req.rnr_paused = false;
+            let from = if self.rnr_psn.before(self.req.una) {
+                self.req.una
+            } else {
+                self.rnr_psn
+            };
+            self.req.seek(from);
+            self.arm_retransmit(now);
+        }
+        if self.timers.take_expired(Timer::Retransmit, now) {
+            match self.comp.on_timeout(&self.req) {
+                CompAction::Retry(psn) => {
+                    self.req.seek(psn);
+                    self.arm_retransmit(now);
+                }
+                CompAction::Fatal(st) => self.enter_err(Some(st)),
+                _ => {}
+            }
+        }
     }
+
     /// The next packet to send, written into `buf` (BTH to ICRC; the ICRC field is left for the
     /// driver, which knows the IP header). Returns its length, or `None` if nothing is to send.
     /// `buf` must hold at least path MTU + 64 bytes.
-    pub fn poll_transmit(&mut self, now: Instant, mem: &dyn MemoryAccess, buf: &mut [u8]) -> Option<usize> {
-        let _ = (now, mem, buf);
-        todo!()
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        let (resp_ok, req_ok) = match self.state {
+            QpState::Rtr => (true, false),
+            QpState::Rts | QpState::Sqd => (true, true),
+            // In ERR only the NAK reporting the error still goes out.
+            QpState::Err => (true, false),
+            _ => (false, false),
+        };
+        for _ in 0..2 {
+            self.resp_turn = !self.resp_turn;
+            if self.resp_turn {
+                if resp_ok && self.resp.has_output() {
+                    let p = self.resp_params();
+                    if let Some(n) = self.resp.next_packet(&p, mem, buf) {
+                        return Some(n);
+                    }
+                }
+            } else if req_ok {
+                let p = self.req_params();
+                match self.req.next_packet(&p, mem, buf) {
+                    Some(ReqEvent::Packet(n)) => {
+                        if !self.timers.is_armed(Timer::Retransmit) {
+                            self.arm_retransmit(now);
+                        }
+                        return Some(n);
+                    }
+                    Some(ReqEvent::LocalError(st)) => {
+                        let at = self.req.idx;
+                        self.enter_err_at(Some((at, st)));
+                        return None;
+                    }
+                    None => {}
+                }
+            }
+        }
+        None
     }
+
     /// The earliest deadline at which [`RcQp::handle_timeout`] must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        todo!()
+        self.timers.next_timeout()
     }
+
     /// The next completion for the send or receive CQ.
     pub fn poll_completion(&mut self) -> Option<Completion> {
-        todo!()
+        self.cq.pop()
+    }
+}
+
+fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
+    Completion {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode: WcOpcode::Recv,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+        src_qp,
+        solicited: false,
+        side: CqSide::Recv,
+        vendor_err: 0,
+    }
+}
+
+/// The completions of this QP not yet polled, with per-side counts (they still occupy their work
+/// queue slot until polled, as in libibverbs).
+#[derive(Debug, Default)]
+struct Cq {
+    qpn: u32,
+    q: VecDeque<Completion>,
+    send_pending: usize,
+    recv_pending: usize,
+}
+
+impl Cq {
+    fn push(&mut self, mut c: Completion) {
+        c.qp_num = self.qpn;
+        match c.side {
+            CqSide::Send => self.send_pending += 1,
+            CqSide::Recv => self.recv_pending += 1,
+        }
+        self.q.push_back(c);
+    }
+    fn pop(&mut self) -> Option<Completion> {
+        let c = self.q.pop_front()?;
+        match c.side {
+            CqSide::Send => self.send_pending -= 1,
+            CqSide::Recv => self.recv_pending -= 1,
+        }
+        Some(c)
     }
 }

@@ -1,0 +1,39 @@
+//! DREP, DisconnectReply (IBA 12.6.11, Table 113).
+//! ```text
+//!  0 local comm ID   4 remote comm ID   8 private data (224)
+//! ```
+
+use super::{be, impl_cm_message, mad, CmWireError, MadHdr, PrivateData};
+
+/// Size of DREP private data.
+pub const PRIVATE_DATA_LEN: usize = 224;
+
+/// A DREP message.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct DisconnectReply {
+    pub hdr: MadHdr,
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    pub private_data: PrivateData<PRIVATE_DATA_LEN>,
+}
+
+impl DisconnectReply {
+    pub fn parse(buf: &[u8]) -> Result<Self, CmWireError> {
+        let (hdr, d) = mad::split(buf, mad::attr::DREP)?;
+        Ok(DisconnectReply {
+            hdr,
+            local_comm_id: be::u32(d, 0),
+            remote_comm_id: be::u32(d, 4),
+            private_data: PrivateData::read(d, 8),
+        })
+    }
+
+    pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
+        let d = mad::emit_hdr(&self.hdr, mad::attr::DREP, buf);
+        be::put_u32(d, 0, self.local_comm_id);
+        be::put_u32(d, 4, self.remote_comm_id);
+        self.private_data.write(d, 8);
+    }
+}
+
+impl_cm_message!(DisconnectReply, mad::attr::DREP);

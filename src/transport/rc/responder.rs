@@ -1,0 +1,982 @@
+//! The responder (rxe_resp.c): checks and executes incoming requests against memory — SEND into
+//! receive WQEs, RDMA WRITE, RDMA READ, atomics — detects duplicates and PSN gaps, and queues
+//! ACKs, NAKs, READ responses and atomic ACKs in PSN order for transmission.
+
+use std::collections::VecDeque;
+
+use crate::transport::memory::{MemError, MemoryAccess};
+use crate::transport::types::*;
+use crate::wire::aeth::CREDITS_INVALID;
+use crate::wire::{
+    Aeth, AtomicAckEth, Bth, Kind, NakCode, Opcode, Packet, Position, Psn, Syndrome,
+};
+
+use super::requester::{npkts_for, scatter};
+
+/// Most responses queued behind each other before duplicate requests are dropped instead of
+/// answered (bounds memory under hostile traffic).
+const MAX_QUEUED: usize = 256;
+
+/// QP parameters the responder needs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RespParams {
+    pub mtu: usize,
+    pub dest_qpn: u32,
+    pub access: AccessFlags,
+    pub max_dest_rd_atomic: u32,
+    pub min_rnr_timer: u8,
+}
+
+/// A multi-packet message in progress.
+#[derive(Clone, Copy, Debug)]
+enum InMsg {
+    /// SEND into the receive WQE at the head of the RQ; `off` bytes placed so far.
+    Send { off: u32 },
+    /// RDMA WRITE: next address, rkey, bytes still expected, total length.
+    Write {
+        va: u64,
+        rkey: u32,
+        resid: u32,
+        total: u32,
+    },
+}
+
+/// A packet waiting to be sent, in PSN order.
+#[derive(Clone, Copy, Debug)]
+enum Out {
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    /// READ response packets still to send: next PSN, address, remaining bytes, and whether
+    /// the next one is the first of the response.
+    Read {
+        psn: Psn,
+        va: u64,
+        rkey: u32,
+        resid: u32,
+        first: bool,
+        msn: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// A READ/atomic remembered for duplicate handling (IBA 9.7.5.2.6 responder resources).
+#[derive(Clone, Copy, Debug)]
+enum Resource {
+    Read {
+        first: Psn,
+        last: Psn,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+/// What the QP must do after the responder handled a request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum RespEvent {
+    None,
+    /// A responder-side error: the NAK is queued; the QP goes to ERR (IBA 9.9.3.1.x class B/C/D).
+    Error,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    pub epsn: Psn,
+    /// Message sequence number (24 bits).
+    pub msn: u32,
+    pub rq: VecDeque<RecvWqe>,
+    cur: Option<InMsg>,
+    /// A PSN-sequence or RNR NAK went out; stay silent until back in sequence (IBA C9-90).
+    nak_sent: bool,
+    out: VecDeque<Out>,
+    res: VecDeque<Resource>,
+}
+
+fn msn_inc(m: u32) -> u32 {
+    m.wrapping_add(1) & 0x00ff_ffff
+}
+
+impl Responder {
+    pub(crate) fn reset(&mut self, psn: Psn) {
+        self.epsn = psn;
+        self.msn = 0;
+        self.rq.clear();
+        self.cur = None;
+        self.nak_sent = false;
+        self.out.clear();
+        self.res.clear();
+    }
+
+    /// After the QP entered ERR: only NAKs already queued still go out.
+    pub(crate) fn keep_naks_only(&mut self) {
+        self.out.retain(|o| {
+            matches!(
+                o,
+                Out::Ack {
+                    syndrome: Syndrome::Nak(_),
+                    ..
+                }
+            )
+        });
+        self.cur = None;
+        self.res.clear();
+    }
+
+    pub(crate) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Owe an ACK for `psn`: coalesce with an ACK already queued at the tail (IBA 9.7.5.1.4).
+    fn push_ack(&mut self, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Out::Ack {
+            psn: p,
+            syndrome: Syndrome::Ack { .. },
+            msn: m,
+        }) = self.out.back_mut()
+        {
+            if !psn.before(*p) {
+                *p = psn;
+                *m = msn;
+            }
+            return;
+        }
+        self.out.push_back(Out::Ack {
+            psn,
+            syndrome: Syndrome::Ack {
+                credits: CREDITS_INVALID,
+            },
+            msn,
+        });
+    }
+
+    fn push_nak(&mut self, psn: Psn, code: NakCode) -> RespEvent {
+        self.out.push_back(Out::Ack {
+            psn,
+            syndrome: Syndrome::Nak(code),
+            msn: self.msn,
+        });
+        RespEvent::Error
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn recv_completion(
+        &self,
+        p: &RespParams,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        solicited: bool,
+    ) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm_data: imm,
+            qp_num: 0,
+            src_qp: p.dest_qpn,
+            solicited,
+            side: CqSide::Recv,
+            vendor_err: 0,
+        }
+    }
+
+    /// A request-kind packet for this QP, with the QP in RTR, RTS or SQD.
+    pub(crate) fn on_request(
+        &mut self,
+        pkt: &Packet<'_>,
+        p: &RespParams,
+        mem: &dyn MemoryAccess,
+        out: &mut dyn FnMut(Completion),
+    ) -> RespEvent {
+        let Some(info) = pkt.info() else {
+            return RespEvent::None;
+        };
+        let psn = pkt.bth.psn;
+        let d = psn.diff(self.epsn);
+        if d < 0 {
+            self.duplicate(pkt);
+            return RespEvent::None;
+        }
+        if d > 0 {
+            // IBA C9-90: one PSN sequence error NAK, then silence until back in sequence.
+            if !self.nak_sent {
+                self.nak_sent = true;
+                self.out.push_back(Out::Ack {
+                    psn: self.epsn,
+                    syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+                    msn: self.msn,
+                });
+            }
+            return RespEvent::None;
+        }
+        // In sequence. Check the opcode sequence (IBA 9.7.4.1.4 / C9-94): a message's middle
+        // and last packets follow its first; a new message starts only after the last one ended.
+        let seq_ok = match (self.cur, info.kind, info.position) {
+            (None, _, pos) => pos.starts(),
+            (Some(InMsg::Send { .. }), Kind::Send, pos) => !pos.starts(),
+            (Some(InMsg::Write { .. }), Kind::RdmaWrite, pos) => !pos.starts(),
+            _ => false,
+        };
+        if !seq_ok {
+            return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+        }
+        let plen = pkt.payload.len();
+        let full = matches!(info.position, Position::First | Position::Middle);
+        // IBA C9-95..: FIRST and MIDDLE carry exactly the path MTU, LAST and ONLY at most that.
+        if (full && plen != p.mtu) || plen > p.mtu {
+            return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+        }
+        let ends = info.position.ends();
+        match info.kind {
+            Kind::Send => {
+                let Some(wqe) = self.rq.front() else {
+                    // IBA 9.7.5.2.8: no receive WQE: RNR NAK, PSN not advanced.
+                    self.rnr_nak(psn, p);
+                    return RespEvent::None;
+                };
+                let off = match self.cur {
+                    Some(InMsg::Send { off }) => off,
+                    _ => 0,
+                };
+                let cap: u64 = wqe.sg_list.iter().map(|s| s.length as u64).sum();
+                if off as u64 + plen as u64 > cap {
+                    // IBA C9-99 (class D): message longer than the receive buffers.
+                    let wqe = self.rq.pop_front().expect("front exists");
+                    out(self.recv_completion(
+                        p,
+                        wqe.wr_id,
+                        WcStatus::LocLenErr,
+                        WcOpcode::Recv,
+                        0,
+                        None,
+                        false,
+                    ));
+                    self.cur = None;
+                    return self.push_nak(psn, NakCode::InvalidRequest);
+                }
+                if scatter(&wqe.sg_list, off as usize, pkt.payload, mem).is_err() {
+                    let wqe = self.rq.pop_front().expect("front exists");
+                    out(self.recv_completion(
+                        p,
+                        wqe.wr_id,
+                        WcStatus::LocProtErr,
+                        WcOpcode::Recv,
+                        0,
+                        None,
+                        false,
+                    ));
+                    self.cur = None;
+                    return self.push_nak(psn, NakCode::RemoteOperationalError);
+                }
+                let off = off + plen as u32;
+                if ends {
+                    let wqe = self.rq.pop_front().expect("front exists");
+                    self.cur = None;
+                    self.msn = msn_inc(self.msn);
+                    out(self.recv_completion(
+                        p,
+                        wqe.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        off,
+                        pkt.immdt,
+                        pkt.bth.solicited,
+                    ));
+                } else {
+                    self.cur = Some(InMsg::Send { off });
+                }
+            }
+            Kind::RdmaWrite => {
+                let (va, rkey, resid, total) = match self.cur {
+                    Some(InMsg::Write {
+                        va,
+                        rkey,
+                        resid,
+                        total,
+                    }) => (va, rkey, resid, total),
+                    _ => {
+                        let Some(reth) = pkt.reth else {
+                            return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+                        };
+                        // IBA C9-88 / o10-2: the QP must allow remote writes, the rkey cover the range.
+                        if !p.access.contains(AccessFlags::REMOTE_WRITE) {
+                            return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
+                        }
+                        if reth.dma_len > 0
+                            && mem
+                                .remote_check(
+                                    reth.rkey,
+                                    reth.va,
+                                    reth.dma_len as u64,
+                                    AccessFlags::REMOTE_WRITE,
+                                )
+                                .is_err()
+                        {
+                            return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
+                        }
+                        (reth.va, reth.rkey, reth.dma_len, reth.dma_len)
+                    }
+                };
+                if plen as u32 > resid || (ends && plen as u32 != resid) {
+                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+                }
+                if ends && pkt.immdt.is_some() && self.rq.is_empty() {
+                    // RDMA WRITE with immediate consumes a receive WQE (IBA 9.4.3): RNR if none.
+                    self.rnr_nak(psn, p);
+                    // Keep the write state so the retried LAST continues this message.
+                    self.cur = if info.position == Position::Only {
+                        None
+                    } else {
+                        Some(InMsg::Write {
+                            va,
+                            rkey,
+                            resid,
+                            total,
+                        })
+                    };
+                    return RespEvent::None;
+                }
+                if plen > 0 && mem.remote_write(rkey, va, pkt.payload).is_err() {
+                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
+                }
+                if ends {
+                    self.cur = None;
+                    self.msn = msn_inc(self.msn);
+                    if let Some(imm) = pkt.immdt {
+                        let wqe = self.rq.pop_front().expect("checked above");
+                        out(self.recv_completion(
+                            p,
+                            wqe.wr_id,
+                            WcStatus::Success,
+                            WcOpcode::RecvRdmaWithImm,
+                            total,
+                            Some(imm),
+                            pkt.bth.solicited,
+                        ));
+                    }
+                } else {
+                    self.cur = Some(InMsg::Write {
+                        va: va.wrapping_add(plen as u64),
+                        rkey,
+                        resid: resid - plen as u32,
+                        total,
+                    });
+                }
+            }
+            Kind::ReadRequest => {
+                let Some(reth) = pkt.reth else {
+                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+                };
+                // IBA 9.4.4: a READ moves at most 2^31 bytes.
+                if reth.dma_len > 1 << 31 {
+                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+                }
+                if !p.access.contains(AccessFlags::REMOTE_READ) {
+                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
+                }
+                if reth.dma_len > 0
+                    && mem
+                        .remote_check(
+                            reth.rkey,
+                            reth.va,
+                            reth.dma_len as u64,
+                            AccessFlags::REMOTE_READ,
+                        )
+                        .is_err()
+                {
+                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
+                }
+                let n = npkts_for(reth.dma_len, p.mtu);
+                self.msn = msn_inc(self.msn);
+                self.remember(
+                    p,
+                    Resource::Read {
+                        first: psn,
+                        last: psn.add(n - 1),
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        len: reth.dma_len,
+                    },
+                );
+                self.out.push_back(Out::Read {
+                    psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    resid: reth.dma_len,
+                    first: true,
+                    msn: self.msn,
+                });
+                self.epsn = psn.add(n);
+                self.nak_sent = false;
+                return RespEvent::None;
+            }
+            Kind::CompareSwap | Kind::FetchAdd => {
+                let Some(a) = pkt.atomic_eth else {
+                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+                };
+                if !p.access.contains(AccessFlags::REMOTE_ATOMIC) {
+                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
+                }
+                // IBA C9-101 / o9-...: an atomic's address must be 8-byte aligned.
+                if a.va % 8 != 0 {
+                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+                }
+                let op = if info.kind == Kind::CompareSwap {
+                    AtomicOp::CompareSwap {
+                        compare: a.compare,
+                        swap: a.swap_add,
+                    }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add }
+                };
+                let orig = match mem.remote_atomic(a.rkey, a.va, op) {
+                    Ok(v) => v,
+                    Err(MemError::Misaligned) => {
+                        return self.fatal_nak(psn, NakCode::InvalidRequest, p, out)
+                    }
+                    Err(_) => return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out),
+                };
+                self.msn = msn_inc(self.msn);
+                self.remember(p, Resource::Atomic { psn, orig });
+                self.out.push_back(Out::Atomic {
+                    psn,
+                    orig,
+                    msn: self.msn,
+                });
+                self.epsn = psn.add(1);
+                self.nak_sent = false;
+                return RespEvent::None;
+            }
+            // Responses and anything else are not requests.
+            _ => return RespEvent::None,
+        }
+        // SEND or WRITE packet executed.
+        self.epsn = psn.add(1);
+        self.nak_sent = false;
+        if pkt.bth.ack_req || ends {
+            self.push_ack(psn);
+        }
+        RespEvent::None
+    }
+
+    /// Every in-sequence attempt without a receive WQE gets its RNR NAK; the packets that
+    /// follow it are then out of sequence and get no NAK of their own.
+    fn rnr_nak(&mut self, psn: Psn, p: &RespParams) {
+        self.nak_sent = true;
+        self.out.push_back(Out::Ack {
+            psn,
+            syndrome: Syndrome::RnrNak {
+                timer: p.min_rnr_timer,
+            },
+            msn: self.msn,
+        });
+    }
+
+    /// Fatal request error: NAK it; a receive in progress completes in error.
+    fn fatal_nak(
+        &mut self,
+        psn: Psn,
+        code: NakCode,
+        p: &RespParams,
+        out: &mut dyn FnMut(Completion),
+    ) -> RespEvent {
+        if let Some(InMsg::Send { .. }) = self.cur {
+            if let Some(wqe) = self.rq.pop_front() {
+                let status = if code == NakCode::InvalidRequest {
+                    WcStatus::RemInvReqErr
+                } else {
+                    WcStatus::RemAccessErr
+                };
+                out(self.recv_completion(p, wqe.wr_id, status, WcOpcode::Recv, 0, None, false));
+            }
+        }
+        self.cur = None;
+        self.push_nak(psn, code)
+    }
+
+    fn remember(&mut self, p: &RespParams, r: Resource) {
+        // At most max_dest_rd_atomic resources; the oldest is reused (rxe get_resource).
+        while self.res.len() >= p.max_dest_rd_atomic.max(1) as usize {
+            self.res.pop_front();
+        }
+        self.res.push_back(r);
+    }
+
+    /// A request with a PSN before the expected one (IBA 9.7.5.1.x duplicate handling).
+    fn duplicate(&mut self, pkt: &Packet<'_>) {
+        let Some(info) = pkt.info() else { return };
+        let psn = pkt.bth.psn;
+        if self.out.len() >= MAX_QUEUED {
+            return;
+        }
+        match info.kind {
+            // IBA C9-104: a duplicate SEND/WRITE is not executed again; re-ACK the latest PSN.
+            Kind::Send | Kind::RdmaWrite => self.push_ack(self.epsn.sub(1)),
+            // IBA C9-105: a duplicate READ is executed again for the range it asks for, which
+            // must lie within the original request.
+            Kind::ReadRequest => {
+                let Some(reth) = pkt.reth else { return };
+                let found = self.res.iter().rev().find_map(|r| match *r {
+                    Resource::Read {
+                        first,
+                        last,
+                        va,
+                        rkey,
+                        len,
+                    } if !psn.before(first) && !psn.after(last) => Some((va, rkey, len)),
+                    _ => None,
+                });
+                let Some((va, rkey, len)) = found else { return };
+                let end = reth.va.wrapping_add(reth.dma_len as u64);
+                if reth.rkey != rkey
+                    || reth.va < va
+                    || end > va.wrapping_add(len as u64)
+                    || end < reth.va
+                {
+                    return;
+                }
+                self.out.push_back(Out::Read {
+                    psn,
+                    va: reth.va,
+                    rkey,
+                    resid: reth.dma_len,
+                    first: true,
+                    msn: self.msn,
+                });
+            }
+            // IBA C9-106: a duplicate atomic is never executed again; the saved result is replayed.
+            Kind::CompareSwap | Kind::FetchAdd => {
+                let found = self.res.iter().rev().find_map(|r| match *r {
+                    Resource::Atomic { psn: q, orig } if q == psn => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = found {
+                    self.out.push_back(Out::Atomic {
+                        psn,
+                        orig,
+                        msn: self.msn,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Emit the next queued response into `buf`. Returns its length and whether it was a NAK
+    /// that reported a fatal error (for tracing). Reads are produced packet by packet, reading
+    /// memory only as each packet is built.
+    pub(crate) fn next_packet(
+        &mut self,
+        p: &RespParams,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        loop {
+            let o = self.out.front_mut()?;
+            match o {
+                Out::Ack { psn, syndrome, msn } => {
+                    let mut pkt =
+                        Packet::new(Bth::new(Opcode::RC_ACKNOWLEDGE, p.dest_qpn, *psn), &[]);
+                    pkt.aeth = Some(Aeth {
+                        syndrome: *syndrome,
+                        msn: *msn,
+                    });
+                    let n = pkt.emit(buf).ok();
+                    self.out.pop_front();
+                    if n.is_some() {
+                        return n;
+                    }
+                }
+                Out::Atomic { psn, orig, msn } => {
+                    let mut pkt = Packet::new(
+                        Bth::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, p.dest_qpn, *psn),
+                        &[],
+                    );
+                    pkt.aeth = Some(Aeth {
+                        syndrome: Syndrome::Ack {
+                            credits: CREDITS_INVALID,
+                        },
+                        msn: *msn,
+                    });
+                    pkt.atomic_ack_eth = Some(AtomicAckEth { orig: *orig });
+                    let n = pkt.emit(buf).ok();
+                    self.out.pop_front();
+                    if n.is_some() {
+                        return n;
+                    }
+                }
+                Out::Read {
+                    psn,
+                    va,
+                    rkey,
+                    resid,
+                    first,
+                    msn,
+                } => {
+                    let plen = (*resid as usize).min(p.mtu);
+                    let last = *resid as usize <= p.mtu;
+                    let opcode = match (*first, last) {
+                        (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                        (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                        (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                        (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    };
+                    let mut bth = Bth::new(opcode, p.dest_qpn, *psn);
+                    bth.pad_count = Bth::pad_for(plen);
+                    let mut pkt = Packet::new(bth, &[]);
+                    pkt.aeth = Some(Aeth {
+                        syndrome: Syndrome::Ack {
+                            credits: CREDITS_INVALID,
+                        },
+                        msn: *msn,
+                    });
+                    let info = opcode.info().expect("in table");
+                    let hlen = info.header_len();
+                    let total =
+                        hlen + plen + bth.pad_count as usize + crate::wire::packet::ICRC_LEN;
+                    if buf.len() < total || pkt.emit(buf).is_err() {
+                        return None;
+                    }
+                    if plen > 0
+                        && mem
+                            .remote_read(*rkey, *va, &mut buf[hlen..hlen + plen])
+                            .is_err()
+                    {
+                        // The region went away under the READ: NAK it instead (IBA C9-...).
+                        let psn = *psn;
+                        let msn = *msn;
+                        *o = Out::Ack {
+                            psn,
+                            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+                            msn,
+                        };
+                        continue;
+                    }
+                    buf[hlen + plen..total].fill(0);
+                    if last {
+                        self.out.pop_front();
+                    } else {
+                        *psn = psn.add(1);
+                        *va = va.wrapping_add(plen as u64);
+                        *resid -= plen as u32;
+                        *first = false;
+                    }
+                    return Some(total);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::sim::{pattern, VecMemory};
+    use crate::wire::{AtomicEth, Reth};
+
+    const P: RespParams = RespParams {
+        mtu: 256,
+        dest_qpn: 0x77,
+        access: AccessFlags(0xf),
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 3,
+    };
+
+    struct T {
+        r: Responder,
+        mem: VecMemory,
+        comps: Vec<Completion>,
+    }
+
+    impl T {
+        fn new() -> Self {
+            let mut r = Responder::default();
+            r.reset(Psn::new(10));
+            T {
+                r,
+                mem: VecMemory::new(),
+                comps: Vec::new(),
+            }
+        }
+        fn feed(&mut self, pkt: Packet<'_>) -> RespEvent {
+            let mut buf = vec![0u8; 2048];
+            let n = pkt.emit(&mut buf).unwrap();
+            let p = Packet::parse(&buf[..n]).unwrap();
+            let comps = &mut self.comps;
+            self.r.on_request(&p, &P, &self.mem, &mut |c| comps.push(c))
+        }
+        #[allow(clippy::type_complexity)]
+        fn out(&mut self) -> Vec<(Opcode, u32, Option<Syndrome>, Vec<u8>, Option<u64>)> {
+            let mut v = Vec::new();
+            let mut buf = vec![0u8; 2048];
+            while let Some(n) = self.r.next_packet(&P, &self.mem, &mut buf) {
+                let p = Packet::parse(&buf[..n]).unwrap();
+                v.push((
+                    p.bth.opcode,
+                    p.bth.psn.value(),
+                    p.aeth.map(|a| a.syndrome),
+                    p.payload.to_vec(),
+                    p.atomic_ack_eth.map(|a| a.orig),
+                ));
+            }
+            v
+        }
+    }
+
+    fn write(psn: u32, va: u64, rkey: u32, data: &[u8]) -> Packet<'_> {
+        let mut b = Bth::new(Opcode::RC_RDMA_WRITE_ONLY, 1, Psn::new(psn));
+        b.ack_req = true;
+        let mut p = Packet::new(b, data);
+        p.bth.pad_count = Bth::pad_for(data.len());
+        p.reth = Some(Reth {
+            va,
+            rkey,
+            dma_len: data.len() as u32,
+        });
+        p
+    }
+
+    const ACK: Option<Syndrome> = Some(Syndrome::Ack { credits: 0x1f });
+
+    #[test]
+    fn coalesces_acks_and_reacks_duplicates_without_executing() {
+        let mut t = T::new();
+        let mr = t.mem.register(256, AccessFlags(0xf));
+        t.feed(write(10, mr.addr, mr.rkey, &[1; 16]));
+        t.feed(write(11, mr.addr + 16, mr.rkey, &[2; 16]));
+        // One ACK for the highest PSN.
+        assert_eq!(
+            t.out(),
+            vec![(Opcode::RC_ACKNOWLEDGE, 11, ACK, vec![], None)]
+        );
+        t.mem.write(mr.addr, &[9; 16]);
+        // IBA C9-104: a duplicate is re-ACKed, not executed again.
+        t.feed(write(10, mr.addr, mr.rkey, &[1; 16]));
+        assert_eq!(
+            t.out(),
+            vec![(Opcode::RC_ACKNOWLEDGE, 11, ACK, vec![], None)]
+        );
+        assert_eq!(t.mem.read(mr.addr, 16), vec![9; 16]);
+        assert_eq!(t.r.epsn, Psn::new(12));
+        assert_eq!(t.r.msn, 2);
+    }
+
+    #[test]
+    fn one_sequence_nak_per_gap() {
+        let mut t = T::new();
+        let mr = t.mem.register(256, AccessFlags(0xf));
+        for psn in [12, 13, 14] {
+            t.feed(write(psn, mr.addr, mr.rkey, &[1; 4]));
+        }
+        assert_eq!(
+            t.out(),
+            vec![(
+                Opcode::RC_ACKNOWLEDGE,
+                10,
+                Some(Syndrome::Nak(NakCode::PsnSequenceError)),
+                vec![],
+                None
+            )]
+        );
+        assert_eq!(t.mem.read(mr.addr, 4), vec![0; 4]);
+        // Back in sequence, then a new gap: a new NAK.
+        t.feed(write(10, mr.addr, mr.rkey, &[1; 4]));
+        t.feed(write(12, mr.addr, mr.rkey, &[1; 4]));
+        assert_eq!(
+            t.out(),
+            vec![
+                (Opcode::RC_ACKNOWLEDGE, 10, ACK, vec![], None),
+                (
+                    Opcode::RC_ACKNOWLEDGE,
+                    11,
+                    Some(Syndrome::Nak(NakCode::PsnSequenceError)),
+                    vec![],
+                    None
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn rnr_nak_every_attempt_without_receive() {
+        let mut t = T::new();
+        let mr = t.mem.register(256, AccessFlags(0xf));
+        let mut b = Bth::new(Opcode::RC_SEND_ONLY, 1, Psn::new(10));
+        b.ack_req = true;
+        for _ in 0..2 {
+            t.feed(Packet::new(b, &[7; 8]));
+            assert_eq!(
+                t.out(),
+                vec![(
+                    Opcode::RC_ACKNOWLEDGE,
+                    10,
+                    Some(Syndrome::RnrNak { timer: 3 }),
+                    vec![],
+                    None
+                )]
+            );
+            assert_eq!(t.r.epsn, Psn::new(10));
+        }
+        t.r.rq.push_back(RecvWqe {
+            wr_id: 5,
+            sg_list: vec![mr.sge(0, 64)],
+        });
+        t.feed(Packet::new(b, &[7; 8]));
+        assert_eq!(
+            t.out(),
+            vec![(Opcode::RC_ACKNOWLEDGE, 10, ACK, vec![], None)]
+        );
+        assert_eq!(t.comps.len(), 1);
+        assert_eq!(
+            (t.comps[0].wr_id, t.comps[0].byte_len, t.comps[0].src_qp),
+            (5, 8, 0x77)
+        );
+    }
+
+    #[test]
+    fn duplicate_read_is_reexecuted_from_its_offset() {
+        let mut t = T::new();
+        let mr = t.mem.register(1000, AccessFlags(0xf));
+        let data = pattern(3, 1000);
+        t.mem.write(mr.addr, &data);
+        let mut p = Packet::new(Bth::new(Opcode::RC_RDMA_READ_REQUEST, 1, Psn::new(10)), &[]);
+        p.reth = Some(Reth {
+            va: mr.addr,
+            rkey: mr.rkey,
+            dma_len: 1000,
+        });
+        t.feed(p);
+        let o = t.out();
+        assert_eq!(
+            o.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            vec![
+                (Opcode::RC_RDMA_READ_RESPONSE_FIRST, 10),
+                (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, 11),
+                (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, 12),
+                (Opcode::RC_RDMA_READ_RESPONSE_LAST, 13),
+            ]
+        );
+        assert_eq!(o.iter().flat_map(|x| x.3.clone()).collect::<Vec<_>>(), data);
+        assert_eq!(o[1].2, None, "MIDDLE carries no AETH");
+        assert_eq!(t.r.epsn, Psn::new(14));
+        // Memory changes; the requester asks again from PSN 12 (offset 512).
+        t.mem.write(mr.addr + 512, &[0xee; 488]);
+        let mut p = Packet::new(Bth::new(Opcode::RC_RDMA_READ_REQUEST, 1, Psn::new(12)), &[]);
+        p.reth = Some(Reth {
+            va: mr.addr + 512,
+            rkey: mr.rkey,
+            dma_len: 488,
+        });
+        t.feed(p);
+        let o = t.out();
+        assert_eq!(
+            o.iter().map(|x| (x.0, x.1, x.3.len())).collect::<Vec<_>>(),
+            vec![
+                (Opcode::RC_RDMA_READ_RESPONSE_FIRST, 12, 256),
+                (Opcode::RC_RDMA_READ_RESPONSE_LAST, 13, 232),
+            ]
+        );
+        assert!(o.iter().all(|x| x.3.iter().all(|&b| b == 0xee)));
+        // A "duplicate" asking for more than the original is refused.
+        let mut p = Packet::new(Bth::new(Opcode::RC_RDMA_READ_REQUEST, 1, Psn::new(12)), &[]);
+        p.reth = Some(Reth {
+            va: mr.addr + 512,
+            rkey: mr.rkey,
+            dma_len: 600,
+        });
+        t.feed(p);
+        assert!(t.out().is_empty());
+    }
+
+    #[test]
+    fn duplicate_atomic_replays_without_executing() {
+        let mut t = T::new();
+        let mr = t.mem.register(64, AccessFlags(0xf));
+        t.mem.write(mr.addr, &40u64.to_ne_bytes());
+        let mut p = Packet::new(Bth::new(Opcode::RC_FETCH_ADD, 1, Psn::new(10)), &[]);
+        p.atomic_eth = Some(AtomicEth {
+            va: mr.addr,
+            rkey: mr.rkey,
+            swap_add: 2,
+            compare: 0,
+        });
+        t.feed(p);
+        t.feed(p);
+        t.feed(p);
+        let o = t.out();
+        assert_eq!(o.len(), 3);
+        assert!(o
+            .iter()
+            .all(|x| x.0 == Opcode::RC_ATOMIC_ACKNOWLEDGE && x.1 == 10 && x.4 == Some(40)));
+        assert_eq!(
+            t.mem.read(mr.addr, 8),
+            42u64.to_ne_bytes().to_vec(),
+            "executed exactly once"
+        );
+    }
+
+    #[test]
+    fn multi_packet_send_and_length_error() {
+        let mut t = T::new();
+        let mr = t.mem.register(1024, AccessFlags(0xf));
+        t.r.rq.push_back(RecvWqe {
+            wr_id: 1,
+            sg_list: vec![mr.sge(0, 300), mr.sge(500, 300)],
+        });
+        t.r.rq.push_back(RecvWqe {
+            wr_id: 2,
+            sg_list: vec![mr.sge(0, 100)],
+        });
+        let d = pattern(1, 600);
+        t.feed(Packet::new(
+            Bth::new(Opcode::RC_SEND_FIRST, 1, Psn::new(10)),
+            &d[..256],
+        ));
+        t.feed(Packet::new(
+            Bth::new(Opcode::RC_SEND_MIDDLE, 1, Psn::new(11)),
+            &d[256..512],
+        ));
+        t.feed(Packet::new(
+            Bth::new(Opcode::RC_SEND_LAST, 1, Psn::new(12)),
+            &d[512..600],
+        ));
+        assert_eq!(t.comps.len(), 1);
+        assert_eq!(
+            (t.comps[0].wr_id, t.comps[0].status, t.comps[0].byte_len),
+            (1, WcStatus::Success, 600)
+        );
+        assert_eq!(t.mem.read(mr.addr, 300), d[..300].to_vec());
+        assert_eq!(t.mem.read(mr.addr + 500, 300), d[300..].to_vec());
+        // 256 bytes into a 100-byte buffer.
+        let ev = t.feed(Packet::new(
+            Bth::new(Opcode::RC_SEND_FIRST, 1, Psn::new(13)),
+            &d[..256],
+        ));
+        assert_eq!(ev, RespEvent::Error);
+        assert_eq!(
+            (t.comps[1].wr_id, t.comps[1].status),
+            (2, WcStatus::LocLenErr)
+        );
+        let o = t.out();
+        assert_eq!(
+            o.last().unwrap().2,
+            Some(Syndrome::Nak(NakCode::InvalidRequest))
+        );
+    }
+}
