@@ -1,0 +1,552 @@
+//! `ibv_rc_pingpong` for softrdma: same flags, same TCP exchange of LID:QPN:PSN:GID, same output,
+//! so it interoperates with rdma-core's `ibv_rc_pingpong` (on kernel rdma_rxe) in either role.
+//!
+//! ```text
+//! cargo run --release --example rc_pingpong -- -g 1              # server
+//! cargo run --release --example rc_pingpong -- -g 1 127.0.0.1    # client
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use softrdma::transport::{
+    AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus,
+};
+use softrdma::verbs::{
+    CompletionChannel, Context, QpInitAttr, QpType, RecvWr, SendWr, WorkCompletion,
+};
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// `sizeof "0000:000000:000000:00000000000000000000000000000000"`, NUL included.
+const MSG_LEN: usize = 52;
+
+struct Opts {
+    port: u16,
+    ib_dev: Option<String>,
+    ib_port: u8,
+    size: usize,
+    mtu: Mtu,
+    rx_depth: usize,
+    iters: usize,
+    sl: u8,
+    events: bool,
+    gidx: i32,
+    server: Option<String>,
+}
+
+fn usage(argv0: &str) {
+    println!("Usage:");
+    println!("  {argv0}            start a server and wait for connection");
+    println!("  {argv0} <host>     connect to server at <host>");
+    println!();
+    println!("Options:");
+    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
+    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
+    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
+    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
+    println!("  -m, --mtu=<size>       path MTU (default 1024)");
+    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
+    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
+    println!("  -l, --sl=<sl>          service level value");
+    println!("  -e, --events           sleep on CQ events (default poll)");
+    println!("  -g, --gid-idx=<gid index> local port gid index");
+}
+
+/// getopt_long-style parsing of `p:d:i:s:m:r:n:l:eg:` and the long names.
+fn parse_args() -> Result<Opts, ()> {
+    let args: Vec<String> = std::env::args().collect();
+    let mut o = Opts {
+        port: 18515,
+        ib_dev: None,
+        ib_port: 1,
+        size: 4096,
+        mtu: Mtu::Mtu1024,
+        rx_depth: 500,
+        iters: 1000,
+        sl: 0,
+        events: false,
+        gidx: -1,
+        server: None,
+    };
+    let mut positional = Vec::new();
+    let mut i = 1;
+    while i < args.len() {
+        let a = &args[i];
+        let (flag, inline): (String, Option<String>) = if let Some(long) = a.strip_prefix("--") {
+            let (name, val) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let f = match name {
+                "port" => "p",
+                "ib-dev" => "d",
+                "ib-port" => "i",
+                "size" => "s",
+                "mtu" => "m",
+                "rx-depth" => "r",
+                "iters" => "n",
+                "sl" => "l",
+                "events" => "e",
+                "gid-idx" => "g",
+                _ => return Err(()),
+            };
+            (f.to_string(), val)
+        } else if a.len() >= 2 && a.starts_with('-') {
+            let f = a[1..2].to_string();
+            let rest = &a[2..];
+            (
+                f,
+                if rest.is_empty() {
+                    None
+                } else {
+                    Some(rest.to_string())
+                },
+            )
+        } else {
+            positional.push(a.clone());
+            i += 1;
+            continue;
+        };
+        if flag == "e" {
+            o.events = true;
+            i += 1;
+            continue;
+        }
+        let val = match inline {
+            Some(v) => v,
+            None => {
+                i += 1;
+                args.get(i).cloned().ok_or(())?
+            }
+        };
+        let num = || parse_c_int(&val).ok_or(());
+        match flag.as_str() {
+            "p" => o.port = u16::try_from(num()?).map_err(|_| ())?,
+            "d" => o.ib_dev = Some(val.clone()),
+            "i" => o.ib_port = u8::try_from(num()?).map_err(|_| ())?.max(1),
+            "s" => o.size = num()? as usize,
+            "m" => o.mtu = Mtu::from_bytes(num()? as usize).ok_or(())?,
+            "r" => o.rx_depth = num()? as usize,
+            "n" => o.iters = num()? as usize,
+            "l" => o.sl = num()? as u8,
+            "g" => o.gidx = num()? as i32,
+            _ => return Err(()),
+        }
+        i += 1;
+    }
+    match positional.len() {
+        0 => {}
+        1 => o.server = Some(positional.remove(0)),
+        _ => return Err(()),
+    }
+    Ok(o)
+}
+
+/// `strtol(s, NULL, 0)`: decimal, 0x hex or 0 octal.
+fn parse_c_int(s: &str) -> Option<i64> {
+    let s = s.trim();
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        i64::from_str_radix(h, 16).ok()
+    } else if s.len() > 1 && s.starts_with('0') {
+        i64::from_str_radix(&s[1..], 8).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Dest {
+    lid: u16,
+    qpn: u32,
+    psn: u32,
+    gid: [u8; 16],
+}
+
+fn dest_to_msg(d: &Dest) -> [u8; MSG_LEN] {
+    let mut gid = String::new();
+    for b in d.gid {
+        gid.push_str(&format!("{b:02x}"));
+    }
+    let s = format!("{:04x}:{:06x}:{:06x}:{}", d.lid, d.qpn, d.psn, gid);
+    let mut m = [0u8; MSG_LEN];
+    m[..s.len()].copy_from_slice(s.as_bytes());
+    m
+}
+
+fn msg_to_dest(m: &[u8]) -> Option<Dest> {
+    let end = m.iter().position(|&b| b == 0).unwrap_or(m.len());
+    let s = std::str::from_utf8(&m[..end]).ok()?;
+    let mut it = s.splitn(4, ':');
+    let lid = u16::from_str_radix(it.next()?, 16).ok()?;
+    let qpn = u32::from_str_radix(it.next()?, 16).ok()?;
+    let psn = u32::from_str_radix(it.next()?, 16).ok()?;
+    let g = it.next()?;
+    if g.len() < 32 {
+        return None;
+    }
+    let mut gid = [0u8; 16];
+    for (i, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(Dest { lid, qpn, psn, gid })
+}
+
+fn gid_str(gid: &[u8; 16]) -> String {
+    Ipv6Addr::from(*gid).to_string()
+}
+
+/// Read one message; tolerates a peer that sends fewer bytes (e.g. the 5-byte "done").
+fn read_msg(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut buf = [0u8; MSG_LEN];
+    let mut got = 0;
+    while got < MSG_LEN {
+        let n = s.read(&mut buf[got..])?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    Ok(buf[..got].to_vec())
+}
+
+struct Pingpong {
+    ctx: Context,
+    cq: softrdma::verbs::CompletionQueue,
+    channel: Option<CompletionChannel>,
+    qp: softrdma::verbs::QueuePair,
+    mr: softrdma::verbs::MemoryRegion,
+    size: usize,
+    send_flags: SendFlags,
+    rx_depth: usize,
+}
+
+impl Pingpong {
+    fn post_recv(&self, n: usize) -> usize {
+        let sge = [Sge {
+            addr: self.mr.addr(),
+            length: self.size as u32,
+            lkey: self.mr.lkey(),
+        }];
+        let wr = RecvWr {
+            wr_id: RECV_WRID,
+            sg_list: &sge,
+        };
+        for i in 0..n {
+            if self.qp.post_recv(&[wr.clone()]).is_err() {
+                return i;
+            }
+        }
+        n
+    }
+
+    fn post_send(&self) -> bool {
+        let sge = [Sge {
+            addr: self.mr.addr(),
+            length: self.size as u32,
+            lkey: self.mr.lkey(),
+        }];
+        let wr = SendWr {
+            wr_id: SEND_WRID,
+            op: SendOp::Send,
+            sg_list: &sge,
+            flags: self.send_flags,
+        };
+        self.qp.post_send(&[wr]).is_ok()
+    }
+
+    fn connect(&self, o: &Opts, my_psn: u32, dest: &Dest) -> Result<(), String> {
+        let mut av = AddressVector {
+            dlid: dest.lid,
+            sl: o.sl,
+            port_num: o.ib_port,
+            ..Default::default()
+        };
+        if dest.gid[8..].iter().any(|&b| b != 0) {
+            av.hop_limit = 1;
+            av.dgid = dest.gid;
+            av.sgid_index = o.gidx.max(0) as u8;
+        }
+        let rtr = QpAttr {
+            qp_state: Some(QpState::Rtr),
+            path_mtu: Some(o.mtu),
+            dest_qp_num: Some(dest.qpn),
+            rq_psn: Some(dest.psn),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(12),
+            ah_attr: Some(av),
+            ..Default::default()
+        };
+        self.qp
+            .modify(&rtr)
+            .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+        let rts = QpAttr {
+            qp_state: Some(QpState::Rts),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            sq_psn: Some(my_psn),
+            max_rd_atomic: Some(1),
+            ..Default::default()
+        };
+        self.qp
+            .modify(&rts)
+            .map_err(|e| format!("Failed to modify QP to RTS: {e}"))
+    }
+}
+
+fn init_ctx(o: &Opts) -> Result<Pingpong, String> {
+    let devices = softrdma::devices().map_err(|e| format!("Failed to get IB devices list: {e}"))?;
+    let dev = match &o.ib_dev {
+        None => devices.into_iter().next().ok_or("No IB devices found")?,
+        Some(name) => devices
+            .into_iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| format!("IB device {name} not found"))?,
+    };
+    let ctx = dev
+        .open()
+        .map_err(|e| format!("Couldn't get context for {}: {e}", dev.name()))?;
+    let channel = if o.events {
+        Some(
+            ctx.create_comp_channel()
+                .map_err(|e| format!("Couldn't create completion channel: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| format!("Couldn't allocate PD: {e}"))?;
+    let mr = pd
+        .alloc_mr(o.size.max(1), AccessFlags::LOCAL_WRITE)
+        .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    mr.lock().fill(0x7b);
+    let cq = ctx
+        .create_cq(o.rx_depth as u32 + 1, channel.as_ref())
+        .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: o.rx_depth as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        })
+        .map_err(|e| format!("Couldn't create QP: {e}"))?;
+    let mut send_flags = SendFlags {
+        signaled: true,
+        ..Default::default()
+    };
+    if qp.caps().max_inline_data as usize >= o.size {
+        send_flags.inline = true;
+    }
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port_num: Some(o.ib_port),
+        qp_access_flags: Some(AccessFlags::NONE),
+        ..Default::default()
+    })
+    .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
+    Ok(Pingpong {
+        ctx,
+        cq,
+        channel,
+        qp,
+        mr,
+        size: o.size,
+        send_flags,
+        rx_depth: o.rx_depth,
+    })
+}
+
+fn client_exch_dest(server: &str, port: u16, my: &Dest) -> Result<Dest, String> {
+    let mut s = TcpStream::connect((server, port))
+        .map_err(|_| format!("Couldn't connect to {server}:{port}"))?;
+    s.write_all(&dest_to_msg(my))
+        .map_err(|_| "Couldn't send local address".to_string())?;
+    let m = read_msg(&mut s).map_err(|_| "Couldn't read/write remote address".to_string())?;
+    s.write_all(b"done\0")
+        .map_err(|_| "Couldn't read/write remote address".to_string())?;
+    msg_to_dest(&m).ok_or_else(|| "Couldn't read/write remote address".to_string())
+}
+
+fn server_exch_dest(pp: &Pingpong, o: &Opts, my: &Dest) -> Result<Dest, String> {
+    let l = TcpListener::bind(("0.0.0.0", o.port))
+        .map_err(|_| format!("Couldn't listen to port {}", o.port))?;
+    let (mut s, _) = l.accept().map_err(|_| "accept() failed".to_string())?;
+    drop(l);
+    let m = read_msg(&mut s).map_err(|_| "Couldn't read remote address".to_string())?;
+    let rem = msg_to_dest(&m)
+        .ok_or_else(|| format!("{}/{MSG_LEN}: Couldn't read remote address", m.len()))?;
+    pp.connect(o, my.psn, &rem)
+        .map_err(|e| format!("{e}\nCouldn't connect to remote QP"))?;
+    s.write_all(&dest_to_msg(my))
+        .map_err(|_| "Couldn't send/recv local address".to_string())?;
+    let _ = read_msg(&mut s);
+    Ok(rem)
+}
+
+fn run(o: Opts) -> Result<(), String> {
+    let pp = init_ctx(&o)?;
+    let mut routs = pp.post_recv(pp.rx_depth);
+    if routs < pp.rx_depth {
+        return Err(format!("Couldn't post receive ({routs})"));
+    }
+    if o.events {
+        pp.cq
+            .req_notify(false)
+            .map_err(|_| "Couldn't request CQ notification".to_string())?;
+    }
+    let port = pp
+        .ctx
+        .query_port(o.ib_port)
+        .map_err(|_| "Couldn't get port info".to_string())?;
+    let gid = if o.gidx >= 0 {
+        pp.ctx
+            .query_gid(o.ib_port, o.gidx as u32)
+            .map_err(|_| format!("can't read sgid of index {}", o.gidx))?
+    } else {
+        [0u8; 16]
+    };
+    let my = Dest {
+        lid: port.lid,
+        qpn: pp.qp.qp_num(),
+        psn: random_psn(),
+        gid,
+    };
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        my.lid,
+        my.qpn,
+        my.psn,
+        gid_str(&my.gid)
+    );
+    let rem = match &o.server {
+        Some(server) => client_exch_dest(server, o.port, &my)?,
+        None => server_exch_dest(&pp, &o, &my)?,
+    };
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        rem.lid,
+        rem.qpn,
+        rem.psn,
+        gid_str(&rem.gid)
+    );
+    if o.server.is_some() {
+        pp.connect(&o, my.psn, &rem)?;
+    }
+
+    let mut pending = RECV_WRID;
+    if o.server.is_some() {
+        if !pp.post_send() {
+            return Err("Couldn't post send".into());
+        }
+        pending |= SEND_WRID;
+    }
+    let start = Instant::now();
+    let (mut rcnt, mut scnt, mut num_cq_events) = (0usize, 0usize, 0u32);
+    let mut wc = [WorkCompletion::default(); 2];
+    while rcnt < o.iters || scnt < o.iters {
+        if let Some(ch) = &pp.channel {
+            let _ev_cq = ch
+                .get_cq_event()
+                .map_err(|_| "Failed to get cq_event".to_string())?;
+            num_cq_events += 1;
+            pp.cq
+                .req_notify(false)
+                .map_err(|_| "Couldn't request CQ notification".to_string())?;
+        }
+        let ne = loop {
+            let ne = pp
+                .cq
+                .poll(&mut wc)
+                .map_err(|e| format!("poll CQ failed {e}"))?;
+            if o.events || ne >= 1 {
+                break ne;
+            }
+        };
+        for w in &wc[..ne] {
+            if w.status != WcStatus::Success {
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    w.status.as_str(),
+                    w.status as u32,
+                    w.wr_id as i32
+                ));
+            }
+            match w.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        routs += pp.post_recv(pp.rx_depth - routs);
+                        if routs < pp.rx_depth {
+                            return Err(format!("Couldn't post receive ({routs})"));
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {}", other as i32)),
+            }
+            pending &= !w.wr_id;
+            if scnt < o.iters && pending == 0 {
+                if !pp.post_send() {
+                    return Err("Couldn't post send".into());
+                }
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = (o.size * o.iters * 2) as u64;
+    println!(
+        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        bytes,
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        usec / 1e6,
+        usec / o.iters as f64
+    );
+    pp.cq.ack_events(num_cq_events);
+    Ok(())
+}
+
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    getrandom::getrandom(&mut b).expect("getrandom");
+    u32::from_le_bytes(b) & 0xff_ffff
+}
+
+fn main() -> ExitCode {
+    let argv0 = std::env::args()
+        .next()
+        .unwrap_or_else(|| "rc_pingpong".into());
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(()) => {
+            usage(&argv0);
+            return ExitCode::from(1);
+        }
+    };
+    match run(o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The engine: moves datagrams between the socket and the sans-IO queue pairs, fires their
+//! timers, and hands their completions to the CQs. Buffers are reused: no allocation per packet.
+
+use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::capture::Capture;
+use super::socket::Io;
+use crate::transport::{CqSide, RcQp};
+use crate::verbs::{ipv4_from_gid, CqShared, MrTable, VerbsError};
+use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
+use crate::wire::{icrc, Packet, ROCE_V2_PORT};
+
+/// Datagrams handled per receive burst before timers and transmission get a turn.
+const RX_BURST: usize = 64;
+/// Room for the largest packet: 4096 payload + headers + ICRC.
+const BUF_LEN: usize = 4096 + 256;
+/// First QPN handed out, as rxe (0 and 1 are the special QPs).
+const FIRST_QPN: u32 = 0x11;
+
+/// Counters of one endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bad_icrc: u64,
+    pub rx_malformed: u64,
+    pub rx_unknown_qp: u64,
+    pub tx_dropped: u64,
+}
+
+pub(crate) struct QpSlot {
+    pub rc: RcQp,
+    pub send_cq: Arc<CqShared>,
+    pub recv_cq: Arc<CqShared>,
+    pub pd: u32,
+}
+
+pub(crate) struct Engine {
+    qps: HashMap<u32, QpSlot>,
+    next_qpn: u32,
+    rx: Box<[u8]>,
+    tx: Box<[u8]>,
+    dirty: Vec<u32>,
+    capture: Option<Capture>,
+    pub stats: Stats,
+}
+
+impl Engine {
+    pub fn new(capture: Option<PathBuf>) -> Result<Engine, VerbsError> {
+        let capture = match capture {
+            Some(p) => Some(Capture::create(&p)?),
+            None => None,
+        };
+        Ok(Engine {
+            qps: HashMap::new(),
+            next_qpn: FIRST_QPN,
+            rx: vec![0u8; 65536].into_boxed_slice(),
+            tx: vec![0u8; IPV4_LEN + UDP_LEN + BUF_LEN].into_boxed_slice(),
+            dirty: Vec::with_capacity(64),
+            capture,
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn alloc_qpn(&mut self) -> Result<u32, VerbsError> {
+        for _ in 0..0x00ff_ffff {
+            let q = self.next_qpn;
+            self.next_qpn = if q >= 0x00ff_ffff { FIRST_QPN } else { q + 1 };
+            if !self.qps.contains_key(&q) {
+                return Ok(q);
+            }
+        }
+        Err(VerbsError::NoResources("no free QP number"))
+    }
+
+    pub fn insert_qp(&mut self, qpn: u32, slot: QpSlot) {
+        self.qps.insert(qpn, slot);
+    }
+
+    pub fn remove_qp(&mut self, qpn: u32) {
+        self.qps.remove(&qpn);
+    }
+
+    pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut QpSlot> {
+        self.qps.get_mut(&qpn)
+    }
+
+    /// The earliest timer of any QP.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.qps.values().filter_map(|s| s.rc.poll_timeout()).min()
+    }
+
+    /// One round: receive what is waiting, fire due timers, transmit and complete.
+    pub fn drive(&mut self, io: &Io, mrs: &MrTable, local: Ipv4Addr, now: Instant) {
+        self.dirty.clear();
+        for _ in 0..RX_BURST {
+            let (n, from) = match io.socket.recv_from(&mut self.rx) {
+                Ok(r) => r,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // ICMP errors (port unreachable) surface here; the transport's timers handle it.
+                Err(_) => continue,
+            };
+            self.on_datagram(n, from, mrs, local, now);
+        }
+        for (qpn, slot) in self.qps.iter_mut() {
+            if slot.rc.poll_timeout().is_some_and(|t| t <= now) {
+                slot.rc.handle_timeout(now);
+                if !self.dirty.contains(qpn) {
+                    self.dirty.push(*qpn);
+                }
+            }
+        }
+        let dirty = std::mem::take(&mut self.dirty);
+        for &qpn in &dirty {
+            self.flush_qp(qpn, io, mrs, local, now);
+        }
+        self.dirty = dirty;
+        if let Some(c) = &mut self.capture {
+            c.flush();
+        }
+    }
+
+    fn on_datagram(
+        &mut self,
+        n: usize,
+        from: SocketAddr,
+        mrs: &MrTable,
+        local: Ipv4Addr,
+        now: Instant,
+    ) {
+        self.stats.rx_packets += 1;
+        let SocketAddr::V4(from) = from else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        let data = &self.rx[..n];
+        let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
+        Ipv4Udp::new(*from.ip(), from.port(), local, ROCE_V2_PORT, n).emit(&mut hdr);
+        if let Some(c) = &mut self.capture {
+            c.record(&hdr, data);
+        }
+        if icrc::verify_v4(&hdr, data).is_err() {
+            self.stats.rx_bad_icrc += 1;
+            return;
+        }
+        let pkt = match Packet::parse(data) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.rx_malformed += 1;
+                return;
+            }
+        };
+        let qpn = pkt.bth.dest_qpn;
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            self.stats.rx_unknown_qp += 1;
+            return;
+        };
+        slot.rc.handle_packet(now, &pkt, &mrs.for_pd(slot.pd));
+        if !self.dirty.contains(&qpn) {
+            self.dirty.push(qpn);
+        }
+    }
+
+    /// Send everything the QP has to send, and move its completions to the CQs.
+    pub fn flush_qp(&mut self, qpn: u32, io: &Io, mrs: &MrTable, local: Ipv4Addr, now: Instant) {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let mem = mrs.for_pd(slot.pd);
+        let dst = slot.rc.destination().and_then(|av| ipv4_from_gid(&av.dgid));
+        let (hdr_buf, body) = self.tx.split_at_mut(IPV4_LEN + UDP_LEN);
+        while let Some(len) = slot.rc.poll_transmit(now, &mem, body) {
+            let Some(dst) = dst else {
+                self.stats.tx_dropped += 1;
+                continue;
+            };
+            let hdr: &mut [u8; IPV4_LEN + UDP_LEN] = hdr_buf.try_into().expect("28 bytes");
+            Ipv4Udp::new(local, ROCE_V2_PORT, dst, ROCE_V2_PORT, len).emit(hdr);
+            icrc::fill_v4(hdr, &mut body[..len]);
+            if let Some(c) = &mut self.capture {
+                c.record(hdr, &body[..len]);
+            }
+            send(
+                io,
+                &body[..len],
+                SocketAddrV4::new(dst, ROCE_V2_PORT),
+                &mut self.stats,
+            );
+        }
+        while let Some(c) = slot.rc.poll_completion() {
+            match c.side {
+                CqSide::Send => slot.send_cq.push(c),
+                CqSide::Recv => slot.recv_cq.push(c),
+            }
+        }
+    }
+}
+
+fn send(io: &Io, data: &[u8], to: SocketAddrV4, stats: &mut Stats) {
+    for _ in 0..1000 {
+        match io.socket.send_to(data, to) {
+            Ok(_) => {
+                stats.tx_packets += 1;
+                return;
+            }
+            // A full socket buffer: wait for room rather than lose the packet to a timeout.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            // Unreachable peers and the like: the packet is lost; retransmission handles it.
+            Err(_) => break,
+        }
+    }
+    stats.tx_dropped += 1;
+}

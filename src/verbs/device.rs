@@ -1,0 +1,206 @@
+//! Devices: one user-space RoCEv2 endpoint per local IPv4 address.
+
+use std::ffi::CStr;
+use std::net::Ipv4Addr;
+
+use super::context::Context;
+use super::error::{Result, VerbsError};
+use crate::transport::Mtu;
+
+pub(crate) const MAX_QP: usize = 16 * 1024;
+pub(crate) const MAX_QP_WR: u32 = 16 * 1024;
+pub(crate) const MAX_SGE: u32 = 32;
+pub(crate) const MAX_CQ: usize = 16 * 1024;
+pub(crate) const MAX_CQE: u32 = 1 << 20;
+pub(crate) const MAX_MR: usize = 256 * 1024;
+pub(crate) const MAX_INLINE: u32 = 256;
+pub(crate) const MAX_RD_ATOM: u32 = 128;
+pub(crate) const MAX_MSG: u64 = 1 << 31;
+
+/// An RDMA device (`struct ibv_device`): a RoCEv2 endpoint on one local IPv4 address.
+#[derive(Clone, Debug)]
+pub struct Device {
+    name: String,
+    ifname: String,
+    addr: Ipv4Addr,
+    if_mtu: u32,
+}
+
+/// `ibv_get_device_list`: one device per local IPv4 interface address, loopback first, named
+/// `srxe0`, `srxe1`, …. With `SOFTRDMA_ADDR=a.b.c.d` set, exactly one device on that address.
+pub fn devices() -> Result<Vec<Device>> {
+    if let Ok(a) = std::env::var("SOFTRDMA_ADDR") {
+        let addr: Ipv4Addr = a
+            .parse()
+            .map_err(|_| VerbsError::InvalidArgument("SOFTRDMA_ADDR is not an IPv4 address"))?;
+        let (ifname, if_mtu) = interfaces()?
+            .into_iter()
+            .find(|(_, a, _)| *a == addr)
+            .map(|(n, _, m)| (n, m))
+            .unwrap_or_else(|| (String::from("?"), 1500));
+        return Ok(vec![Device {
+            name: "srxe0".into(),
+            ifname,
+            addr,
+            if_mtu,
+        }]);
+    }
+    let mut ifs = interfaces()?;
+    ifs.sort_by_key(|(_, a, _)| !a.is_loopback());
+    Ok(ifs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (ifname, addr, if_mtu))| Device {
+            name: format!("srxe{i}"),
+            ifname,
+            addr,
+            if_mtu,
+        })
+        .collect())
+}
+
+/// Local IPv4 interface addresses with their MTUs (getifaddrs).
+fn interfaces() -> Result<Vec<(String, Ipv4Addr, u32)>> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `ifap`; we free it with freeifaddrs below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, valid until freeifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-null and points to a sockaddr of at least sa_family's size.
+        let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+        if family != libc::AF_INET || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
+            continue;
+        }
+        // SAFETY: for AF_INET the address is a sockaddr_in.
+        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+        let addr = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1500);
+        out.push((name, addr, mtu));
+    }
+    // SAFETY: `ifap` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(ifap) };
+    Ok(out)
+}
+
+impl Device {
+    /// `ibv_get_device_name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The network interface the device sits on.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+    /// The IPv4 address the device binds (on loopback, the first free 127.x address is used).
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+    /// Node GUID derived from the address, as rxe derives it from the MAC.
+    pub fn guid(&self) -> u64 {
+        let o = self.addr.octets();
+        u64::from_be_bytes([0x02, 0x00, 0x5e, 0xff, o[0], o[1], o[2], o[3]])
+    }
+    /// The largest IB MTU that fits the interface with RoCEv2 headers (as rxe computes it).
+    pub fn active_mtu(&self) -> Mtu {
+        let usable = self.if_mtu.saturating_sub(80) as usize;
+        [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
+            .into_iter()
+            .find(|m| m.bytes() <= usable)
+            .unwrap_or(Mtu::Mtu256)
+    }
+    /// `ibv_open_device`: bind the endpoint and start its progress thread.
+    pub fn open(&self) -> Result<Context> {
+        Context::open(self.clone())
+    }
+}
+
+/// `struct ibv_device_attr`, the fields that mean something here.
+#[derive(Clone, Debug)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    /// `IBV_ATOMIC_HCA`: atomics are atomic with respect to this device's other atomics.
+    pub atomic_cap: AtomicCap,
+    pub phys_port_cnt: u8,
+    pub max_pkeys: u16,
+}
+
+/// `enum ibv_atomic_cap`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AtomicCap {
+    None,
+    Hca,
+    Glob,
+}
+
+/// `enum ibv_port_state`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PortState {
+    Down = 1,
+    Init = 2,
+    Armed = 3,
+    Active = 4,
+}
+
+/// `struct ibv_port_attr`, the fields that mean something for RoCE.
+#[derive(Clone, Debug)]
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub max_msg_sz: u64,
+    pub pkey_tbl_len: u16,
+    /// 0 on Ethernet, as with rxe.
+    pub lid: u16,
+    pub link_layer_ethernet: bool,
+}
+
+/// The IPv4-mapped RoCEv2 GID `::ffff:a.b.c.d`.
+pub fn gid_from_ipv4(a: Ipv4Addr) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&a.octets());
+    g
+}
+
+/// The IPv4 address of an IPv4-mapped GID.
+pub fn ipv4_from_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
+    if g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff {
+        Some(Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+    } else {
+        None
+    }
+}

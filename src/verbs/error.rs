@@ -1,0 +1,47 @@
+//! Errors of the Verbs API. Each maps to the errno libibverbs would return.
+
+use crate::transport::{PostError, QpError};
+
+/// Why a verb failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsError {
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    #[error("resource busy: {0}")]
+    Busy(&'static str),
+    #[error("out of resources: {0}")]
+    NoResources(&'static str),
+    #[error("no such device or address: {0}")]
+    NotFound(String),
+    #[error("operation would block")]
+    WouldBlock,
+    #[error("completion queue overrun: more completions than its capacity")]
+    CqOverrun,
+    #[error(transparent)]
+    Qp(#[from] QpError),
+    #[error("post failed at work request {index}: {error}")]
+    Post { index: usize, error: PostError },
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl VerbsError {
+    /// The errno libibverbs would report for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            VerbsError::InvalidArgument(_) | VerbsError::Qp(_) => libc::EINVAL,
+            VerbsError::Busy(_) => libc::EBUSY,
+            VerbsError::NoResources(_) => libc::ENOMEM,
+            VerbsError::NotFound(_) => libc::ENODEV,
+            VerbsError::WouldBlock => libc::EAGAIN,
+            VerbsError::CqOverrun => libc::EOVERFLOW,
+            VerbsError::Post { error, .. } => match error {
+                PostError::QueueFull => libc::ENOMEM,
+                _ => libc::EINVAL,
+            },
+            VerbsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+pub type Result<T, E = VerbsError> = std::result::Result<T, E>;

@@ -1,0 +1,237 @@
+//! Queue pairs (`ibv_create_qp`, `ibv_modify_qp`, `ibv_post_send`, `ibv_post_recv`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::context::Shared;
+use super::cq::CompletionQueue;
+use super::device::{MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use super::error::{Result, VerbsError};
+use super::pd::ProtectionDomain;
+use crate::driver::engine::QpSlot;
+use crate::transport::{
+    MemoryAccess, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWqe, SendFlags, SendOp, SendWqe,
+    Sge,
+};
+
+/// `enum ibv_qp_type` (RC today).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum QpType {
+    Rc,
+}
+
+/// `struct ibv_qp_init_attr`.
+pub struct QpInitAttr<'a> {
+    pub send_cq: &'a CompletionQueue,
+    pub recv_cq: &'a CompletionQueue,
+    pub cap: QpCaps,
+    pub qp_type: QpType,
+    /// Every send WR generates a completion, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+/// `struct ibv_send_wr` (one of a list).
+#[derive(Clone, Debug)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sg_list: &'a [Sge],
+    pub flags: SendFlags,
+}
+
+/// `struct ibv_recv_wr`.
+#[derive(Clone, Debug)]
+pub struct RecvWr<'a> {
+    pub wr_id: u64,
+    pub sg_list: &'a [Sge],
+}
+
+/// A queue pair. Dropping it destroys it (`ibv_destroy_qp`).
+pub struct QueuePair {
+    qpn: u32,
+    pd: u32,
+    caps: QpCaps,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    shared: Arc<Shared>,
+}
+
+impl QueuePair {
+    pub(crate) fn create(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        let c = attr.cap;
+        if c.max_send_wr == 0 && c.max_recv_wr == 0 {
+            return Err(VerbsError::InvalidArgument(
+                "QP needs a send or receive queue",
+            ));
+        }
+        if c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
+            return Err(VerbsError::InvalidArgument(
+                "max_send_wr/max_recv_wr above device limit",
+            ));
+        }
+        if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE {
+            return Err(VerbsError::InvalidArgument(
+                "max_send_sge/max_recv_sge above device limit",
+            ));
+        }
+        if c.max_inline_data > MAX_INLINE {
+            return Err(VerbsError::InvalidArgument(
+                "max_inline_data above device limit",
+            ));
+        }
+        for cq in [attr.send_cq, attr.recv_cq] {
+            if !Arc::ptr_eq(&cq.shared, &pd.shared) {
+                return Err(VerbsError::InvalidArgument("CQ belongs to another context"));
+            }
+        }
+        // As rxe does, report the inline capacity the device gives, not less than asked.
+        let caps = QpCaps {
+            max_inline_data: c.max_inline_data.max(MAX_INLINE),
+            ..c
+        };
+        let mut engine = pd.shared.engine.lock().unwrap();
+        let qpn = engine.alloc_qpn()?;
+        engine.insert_qp(
+            qpn,
+            QpSlot {
+                rc: RcQp::new(qpn, caps, attr.sq_sig_all),
+                send_cq: attr.send_cq.inner.clone(),
+                recv_cq: attr.recv_cq.inner.clone(),
+                pd: pd.id,
+            },
+        );
+        drop(engine);
+        attr.send_cq.inner.qp_refs.fetch_add(1, Ordering::AcqRel);
+        attr.recv_cq.inner.qp_refs.fetch_add(1, Ordering::AcqRel);
+        Ok(QueuePair {
+            qpn,
+            pd: pd.id,
+            caps,
+            send_cq: attr.send_cq.clone(),
+            recv_cq: attr.recv_cq.clone(),
+            shared: pd.shared.clone(),
+        })
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Capacities as granted (`ibv_query_qp` with `IBV_QP_CAP`).
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> R {
+        let mut e = self.shared.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = e
+            .qp_mut(self.qpn)
+            .expect("a live QueuePair has an engine slot");
+        let r = f(slot);
+        e.flush_qp(
+            self.qpn,
+            &self.shared.io,
+            &self.shared.mrs,
+            self.shared.addr,
+            Instant::now(),
+        );
+        r
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        self.with(|s| s.rc.modify(attr, Instant::now()))?;
+        self.shared.io.wake();
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> QpAttr {
+        self.with(|s| s.rc.query())
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.with(|s| s.rc.state())
+    }
+
+    /// `ibv_post_send`: queue the WRs in order and start sending on this thread. Stops at the
+    /// first WR that cannot be posted and returns its index, like `bad_wr`.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mem = self.shared.mrs.for_pd(self.pd);
+        let r = self.with(|s| {
+            for (index, wr) in wrs.iter().enumerate() {
+                let mut inline_data = Vec::new();
+                if wr.flags.inline {
+                    let total: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
+                    if total > self.caps.max_inline_data as usize {
+                        return Err(VerbsError::Post {
+                            index,
+                            error: PostError::InlineTooLong {
+                                got: total,
+                                max: self.caps.max_inline_data,
+                            },
+                        });
+                    }
+                    inline_data.resize(total, 0);
+                    let mut at = 0;
+                    for sge in wr.sg_list {
+                        let dst = &mut inline_data[at..at + sge.length as usize];
+                        // Inline data is copied now; an SGE outside any MR is a bad WR.
+                        if mem.local_read(sge.lkey, sge.addr, dst).is_err() {
+                            return Err(VerbsError::InvalidArgument(
+                                "inline SGE outside a memory region",
+                            ));
+                        }
+                        at += sge.length as usize;
+                    }
+                }
+                let wqe = SendWqe {
+                    wr_id: wr.wr_id,
+                    op: wr.op,
+                    flags: wr.flags,
+                    sg_list: wr.sg_list.to_vec(),
+                    inline_data,
+                };
+                s.rc.post_send(wqe)
+                    .map_err(|error| VerbsError::Post { index, error })?;
+            }
+            Ok(())
+        });
+        self.shared.io.wake();
+        r
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.with(|s| {
+            for (index, wr) in wrs.iter().enumerate() {
+                let wqe = RecvWqe {
+                    wr_id: wr.wr_id,
+                    sg_list: wr.sg_list.to_vec(),
+                };
+                s.rc.post_recv(wqe)
+                    .map_err(|error| VerbsError::Post { index, error })?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let mut e = self.shared.engine.lock().unwrap_or_else(|p| p.into_inner());
+        e.remove_qp(self.qpn);
+        drop(e);
+        self.send_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);
+        self.recv_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueuePair({:#x})", self.qpn)
+    }
+}

@@ -1,0 +1,123 @@
+# shellcheck shell=bash disable=SC2016  # snippets are expanded later, in the guest or on the host
+# Interop scenarios: sourced by run.sh (bash). Each `scenario` call registers one; they run in this
+# order, in one boot of the guest. See README.md for the fields; in short:
+#
+#   scenario NAME role=guest-only|host-server|host-client [key=value ...]
+#     desc=TEXT          one line for the report
+#     needs=BIN...       host binaries (a bare name means $EX/NAME); missing => SKIP, not run at all
+#     guest=SNIPPET      busybox sh run in the guest (helpers: ready, wait_listen, until_host_done,
+#                        host_done; variables: HOST_IP GUEST_IP SCEN_DIR)
+#     host=COMMAND       bash run on the host inside the netns (variables: EX HOST_IP GUEST_IP OUT
+#                        SOFTRDMA_ADDR SCEN_DIR INTEROP_DIR); host-server starts it before the guest snippet,
+#                        host-client after the snippet has called `ready`
+#     host_ready=CHECK   host-server only: bash condition polled until true before the guest is let
+#                        go (helpers: host_listening PORT, host_log_has REGEX); default: sleep 1
+#     timeout=SECS       for each side (default 120; the guest is ~50-100x slower than the host)
+#     grace=SECS         the guest snippet is killed this long after the host command finished
+#                        (default 20), so a host side that failed early does not cost the timeout
+#     guest_rc=N|any     expected exit status of the guest snippet (default 0)
+#     host_rc=N|any      expected exit status of the host command (default 0)
+#     expect_guest=ERE   must match a line of the guest's output (repeat the key for several)
+#     expect_host=ERE    must match a line of the host's output (repeat the key for several)
+#     check=COMMAND      extra bash check on the host after both sides finished; must exit 0
+#
+# The guest is 10.77.0.2 with rxe0 on eth0 (MTU 9000, so active path MTU 4096); the host side of the
+# tap is 10.77.0.1 in a private network namespace.
+
+# --- Kernel-only sanity: no softrdma involved; proves the VM, the share and the tap work. --------
+
+scenario kernel-rxe-device role=guest-only \
+  desc="rxe0 is up on eth0 and GID index 1 is the IPv4 address (what -g 1 selects)" \
+  guest='ibv_devinfo -d rxe0; echo "gid1 $(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"' \
+  expect_guest='state:[[:space:]]+PORT_ACTIVE' \
+  expect_guest='gid1 0000:0000:0000:0000:0000:ffff:0a4d:0002'
+
+scenario kernel-rc-pingpong-loopback role=guest-only \
+  desc="kernel ibv_rc_pingpong server and client, both in the guest on 10.77.0.2" \
+  guest='ibv_rc_pingpong -d rxe0 -g 1 -n 100 -s 4096 & srv=$!
+         wait_listen 18515
+         ibv_rc_pingpong -d rxe0 -g 1 -n 100 -s 4096 $GUEST_IP && wait $srv' \
+  expect_guest='^819200 bytes in [0-9.]+ seconds'
+
+scenario kernel-rping-loopback role=guest-only \
+  desc="kernel rping (rdma_cm, SEND/READ/WRITE) server and client, both in the guest" \
+  guest='rping -s -a $GUEST_IP -C 3 -v -S 64 & srv=$!
+         for i in 1 2 3 4 5; do sleep 2; rping -c -a $GUEST_IP -C 3 -v -S 64 && break; done && wait $srv' \
+  expect_guest='ping data: rdma-ping-2'
+
+# perftest without -R (QP data over TCP 18515, GID index by -x 1): the kernel side of the future
+# one-sided scenarios below, checked in the guest alone.
+for op in write read atomic; do
+  args="-d rxe0 -x 1 -F -n 100"; size=8
+  [ $op = atomic ] || { args+=" -s 5000"; size=5000; }
+  scenario "kernel-$op-bw-loopback" role=guest-only \
+    desc="kernel ib_${op}_bw server and client (no rdma_cm), both in the guest" \
+    guest="ib_${op}_bw $args & srv=\$!; wait_listen 18515; ib_${op}_bw $args \$GUEST_IP && wait \$srv" \
+    expect_guest="^ *$size +100 +[0-9.]+ +[0-9.]+"
+done
+
+scenario host-ping-guest role=host-client \
+  desc="the host reaches the guest over the tap (ICMP)" \
+  guest='ready' \
+  host='busybox ping -c 3 -W 5 $GUEST_IP' \
+  expect_host='3 packets received'
+
+scenario kernel-cm-reaches-host role=host-server timeout=60 \
+  desc="kernel rxe packets (rping's CM ConnectRequest MAD) cross the tap; pcap in \$OUT/cm-to-host.pcap" \
+  host='exec tcpdump -Z root -i tap0 -n -U -c 1 -w "$OUT/cm-to-host.pcap" "udp dst port 4791 and src $GUEST_IP"' \
+  host_ready='host_log_has "listening on tap0"' \
+  guest='until_host_done timeout 50 rping -c -a $HOST_IP -C 1 -v; true' \
+  check='tcpdump -n -r "$OUT/cm-to-host.pcap" | grep -E "IP 10\.77\.0\.2\.[0-9]+ > 10\.77\.0\.1\.4791: UDP"'
+
+# The host is a TCP-only fake of ibv_rc_pingpong's server (QPN 0xabc, PSN 0x123, GID ::ffff:10.77.0.1):
+# the kernel client's RC SEND_ONLY (opcode 0x04) and its retransmissions must reach the host, to the
+# advertised QPN. Nothing acknowledges them; Debian 12's rxe then retransmits every ~68 ms without
+# ever reporting retry-exceeded, so the guest stops its client once the host has its packets.
+scenario kernel-rc-send-reaches-host role=host-server timeout=60 \
+  desc="kernel ibv_rc_pingpong client vs a TCP-only fake peer: RC SENDs reach the host; pcap in \$OUT/rc-send-to-host.pcap" \
+  host='tcpdump -Z root -i tap0 -n -U -c 3 -w "$OUT/rc-send-to-host.pcap" "udp dst port 4791" & dump=$!
+        python3 "$INTEROP_DIR/fake_rc_peer.py" serve 0xabc 0x123 00000000000000000000ffff0a4d0001 &&
+        wait $dump' \
+  host_ready='host_listening 18515 && host_log_has "listening on tap0"' \
+  guest='until_host_done ibv_rc_pingpong -d rxe0 -g 1 -n 1 -s 64 $HOST_IP' \
+  expect_guest='remote address: LID 0x0000, QPN 0x000abc, PSN 0x000123, GID ::ffff:10\.77\.0\.1' \
+  expect_host='fake peer: client 10\.77\.0\.2 LID 0000 QPN [0-9a-f]{6} PSN [0-9a-f]{6} GID 00000000000000000000ffff0a4d0002' \
+  check='python3 "$INTEROP_DIR/fake_rc_peer.py" pcap "$OUT/rc-send-to-host.pcap" 0xabc | grep "opcode 0x04"'
+
+# --- softrdma <-> kernel: rc_pingpong (examples/rc_pingpong.rs), SKIP until it is built. ----------
+# Host binary contract: $EX/rc_pingpong takes ibv_rc_pingpong's flags, does its TCP exchange on port
+# 18515 and prints its result lines; it binds its RoCE endpoint to $SOFTRDMA_ADDR (10.77.0.1).
+
+# rc_pingpong_pair TAG ARGS: kernel server + softrdma client, then softrdma server + kernel client.
+rc_pingpong_pair() {
+  local tag=$1 args=$2 n s bytes
+  n=$(sed -nE 's/.*-n ([0-9]+).*/\1/p' <<<"$args"); s=$(sed -nE 's/.*-s ([0-9]+).*/\1/p' <<<"$args")
+  bytes=$((2 * n * s))
+  scenario "rc-pingpong-$tag-kernel-server" role=host-client needs=rc_pingpong timeout=60 \
+    desc="kernel ibv_rc_pingpong $args server in the guest, softrdma rc_pingpong client" \
+    guest="ibv_rc_pingpong -d rxe0 $args & srv=\$!; wait_listen 18515 && ready && wait \$srv" \
+    host="\"\$EX/rc_pingpong\" $args \$GUEST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+  scenario "rc-pingpong-$tag-host-server" role=host-server needs=rc_pingpong timeout=60 \
+    desc="softrdma rc_pingpong $args server, kernel ibv_rc_pingpong client in the guest" \
+    host="\"\$EX/rc_pingpong\" $args" host_ready='host_listening 18515' \
+    guest="ibv_rc_pingpong -d rxe0 $args \$HOST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+}
+rc_pingpong_pair 4k       "-g 1 -n 100 -s 4096"
+rc_pingpong_pair 4k-m1024 "-g 1 -n 100 -s 4096 -m 1024"
+rc_pingpong_pair 10k      "-g 1 -n 100 -s 10000"
+rc_pingpong_pair 10k-m4096 "-g 1 -n 100 -s 10000 -m 4096"
+rc_pingpong_pair 4k-events "-g 1 -n 100 -s 4096 -e"
+
+# --- MORE SCENARIOS GO HERE ------------------------------------------------------------------------
+# One-sided operations against perftest without -R (QP data exchanged over TCP port 18515, GID index
+# with -x 1). Uncomment and name the host tool once it exists in examples/, e.g.:
+#
+# scenario write-bw-kernel-server role=host-client needs=TOOL \
+#   desc="kernel ib_write_bw server, softrdma client: multi-packet RDMA WRITE" \
+#   guest='ib_write_bw -d rxe0 -x 1 -F -n 20 -s 5000 & srv=$!; wait_listen 18515 && ready && wait $srv' \
+#   host='"$EX/TOOL" ... $GUEST_IP'
+#
+# ib_read_bw / ib_atomic_bw (-A FETCH_AND_ADD | CMP_AND_SWAP) follow the same shape, and the reverse
+# pair (role=host-server, host_ready='host_listening 18515', guest='ib_write_bw ... $HOST_IP').
