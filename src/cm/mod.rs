@@ -17,6 +17,7 @@ pub mod drep;
 pub mod dreq;
 pub mod lap;
 pub mod mad;
+pub mod manager;
 pub mod mra;
 pub mod private_data;
 pub mod rej;

@@ -1,56 +1,103 @@
-//! `SOFTRDMA_PCAP=file.pcap`: every datagram the endpoint sends or receives, as Ethernet frames
-//! that Wireshark/tshark decode as RoCEv2 (`-d udp.port==4791,infiniband`).
+//! `SOFTRDMA_PCAP=file.pcap` (or [`ContextOptions::pcap`](crate::verbs::ContextOptions)): every
+//! datagram the endpoint sends or receives, written by [`crate::wire::pcap::PcapWriter`] as
+//! Ethernet frames that Wireshark/tshark decode as RoCEv2 (`-d udp.port==4791,infiniband`).
+//!
+//! Contexts of one process that name the same file share one writer (the loopback example opens
+//! two); a datagram between two of them is then recorded once, when sent, as a capture on `lo`
+//! would show it.
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::io::BufWriter;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::SystemTime;
 
+use crate::wire::ipv4::{IPV4_LEN, UDP_LEN};
+use crate::wire::pcap::PcapWriter;
+
+struct Writer {
+    out: PcapWriter<BufWriter<File>>,
+    /// The first write error stops the capture (the transport goes on).
+    failed: bool,
+    /// Local addresses of the contexts sharing this file.
+    locals: Vec<Ipv4Addr>,
+}
+
+/// One context's handle on a (possibly shared) capture file.
 pub(crate) struct Capture {
-    out: BufWriter<File>,
+    w: Arc<Mutex<Writer>>,
+    local: Ipv4Addr,
+}
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<Mutex<Writer>>>> {
+    static R: OnceLock<Mutex<HashMap<PathBuf, Weak<Mutex<Writer>>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
 }
 
 impl Capture {
-    pub fn create(path: &Path) -> std::io::Result<Capture> {
-        let mut out = BufWriter::new(File::create(path)?);
-        // Classic pcap header: magic, v2.4, tz 0, sigfigs 0, snaplen, LINKTYPE_ETHERNET.
-        out.write_all(&0xa1b2_c3d4u32.to_le_bytes())?;
-        out.write_all(&2u16.to_le_bytes())?;
-        out.write_all(&4u16.to_le_bytes())?;
-        out.write_all(&[0u8; 8])?;
-        out.write_all(&262_144u32.to_le_bytes())?;
-        out.write_all(&1u32.to_le_bytes())?;
-        out.flush()?;
-        Ok(Capture { out })
+    pub fn open(path: &Path, local: Ipv4Addr) -> std::io::Result<Capture> {
+        let key = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map(|d| d.join(path))
+                .unwrap_or_else(|_| path.to_path_buf())
+        };
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        reg.retain(|_, w| w.strong_count() > 0);
+        let w = match reg.get(&key).and_then(Weak::upgrade) {
+            Some(w) => w,
+            None => {
+                let w = Arc::new(Mutex::new(Writer {
+                    out: PcapWriter::create(path)?,
+                    failed: false,
+                    locals: Vec::new(),
+                }));
+                reg.insert(key, Arc::downgrade(&w));
+                w
+            }
+        };
+        w.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .locals
+            .push(local);
+        Ok(Capture { w, local })
     }
 
-    /// Record one datagram: its IPv4+UDP header and UDP payload.
-    pub fn record(&mut self, ip_udp: &[u8; 28], payload: &[u8]) {
-        let ts = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        let len = (14 + 28 + payload.len()) as u32;
-        let mut hdr = [0u8; 16];
-        hdr[0..4].copy_from_slice(&(ts.as_secs() as u32).to_le_bytes());
-        hdr[4..8].copy_from_slice(&ts.subsec_micros().to_le_bytes());
-        hdr[8..12].copy_from_slice(&len.to_le_bytes());
-        hdr[12..16].copy_from_slice(&len.to_le_bytes());
-        // Locally administered MACs made from the IPv4 addresses; EtherType IPv4.
-        let mut eth = [0u8; 14];
-        eth[0] = 0x02;
-        eth[2..6].copy_from_slice(&ip_udp[16..20]);
-        eth[6] = 0x02;
-        eth[8..12].copy_from_slice(&ip_udp[12..16]);
-        eth[12] = 0x08;
-        let _ = self
+    /// Record one datagram: its IPv4+UDP header and UDP payload. `received`: it came from the
+    /// socket (skipped if its sender records into the same file).
+    pub fn record(&mut self, ip_udp: &[u8; IPV4_LEN + UDP_LEN], payload: &[u8], received: bool) {
+        let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
+        if w.failed {
+            return;
+        }
+        if received {
+            let src = Ipv4Addr::new(ip_udp[12], ip_udp[13], ip_udp[14], ip_udp[15]);
+            if w.locals.contains(&src) {
+                return;
+            }
+        }
+        // Flushed at once: a datagram is in the file before it is on the wire, so a capture
+        // is complete whenever the peer has seen the traffic (captures are for debugging; the
+        // extra write per packet is fine there).
+        let r = w
             .out
-            .write_all(&hdr)
-            .and_then(|_| self.out.write_all(&eth))
-            .and_then(|_| self.out.write_all(ip_udp))
-            .and_then(|_| self.out.write_all(payload));
+            .write_roce(SystemTime::now(), ip_udp, payload)
+            .and_then(|_| w.out.flush());
+        if r.is_err() {
+            w.failed = true;
+        }
     }
+}
 
-    pub fn flush(&mut self) {
-        let _ = self.out.flush();
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = w.locals.iter().position(|a| *a == self.local) {
+            w.locals.swap_remove(i);
+        }
+        let _ = w.out.flush();
     }
 }

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use super::capture::Capture;
 use super::socket::Io;
-use crate::transport::{CqSide, RcQp};
-use crate::verbs::{ipv4_from_gid, CqShared, MrTable, VerbsError};
+use crate::transport::{CqSide, QpState, RcQp};
+use crate::verbs::{ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, VerbsError};
 use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
 use crate::wire::{icrc, Packet, ROCE_V2_PORT};
 
@@ -38,6 +38,9 @@ pub(crate) struct QpSlot {
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
     pub pd: u32,
+    /// The state after the last verb or drive: a change to ERR in between is the transport's
+    /// doing, reported as `IBV_EVENT_QP_FATAL`.
+    pub last_state: QpState,
 }
 
 pub(crate) struct Engine {
@@ -51,9 +54,9 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub fn new(capture: Option<PathBuf>) -> Result<Engine, VerbsError> {
+    pub fn new(capture: Option<PathBuf>, local: Ipv4Addr) -> Result<Engine, VerbsError> {
         let capture = match capture {
-            Some(p) => Some(Capture::create(&p)?),
+            Some(p) => Some(Capture::open(&p, local)?),
             None => None,
         };
         Ok(Engine {
@@ -82,6 +85,10 @@ impl Engine {
         self.qps.insert(qpn, slot);
     }
 
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
     pub fn remove_qp(&mut self, qpn: u32) {
         self.qps.remove(&qpn);
     }
@@ -96,7 +103,14 @@ impl Engine {
     }
 
     /// One round: receive what is waiting, fire due timers, transmit and complete.
-    pub fn drive(&mut self, io: &Io, mrs: &MrTable, local: Ipv4Addr, now: Instant) {
+    pub fn drive(
+        &mut self,
+        io: &Io,
+        mrs: &MrTable,
+        events: &AsyncQueue,
+        local: Ipv4Addr,
+        now: Instant,
+    ) {
         self.dirty.clear();
         for _ in 0..RX_BURST {
             let (n, from) = match io.socket.recv_from(&mut self.rx) {
@@ -119,11 +133,15 @@ impl Engine {
         let dirty = std::mem::take(&mut self.dirty);
         for &qpn in &dirty {
             self.flush_qp(qpn, io, mrs, local, now);
+            if let Some(slot) = self.qps.get_mut(&qpn) {
+                let st = slot.rc.state();
+                if st == QpState::Err && slot.last_state != QpState::Err {
+                    events.push(AsyncEvent::QpFatal { qp_num: qpn });
+                }
+                slot.last_state = st;
+            }
         }
         self.dirty = dirty;
-        if let Some(c) = &mut self.capture {
-            c.flush();
-        }
     }
 
     fn on_datagram(
@@ -143,7 +161,7 @@ impl Engine {
         let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
         Ipv4Udp::new(*from.ip(), from.port(), local, ROCE_V2_PORT, n).emit(&mut hdr);
         if let Some(c) = &mut self.capture {
-            c.record(&hdr, data);
+            c.record(&hdr, data, true);
         }
         if icrc::verify_v4(&hdr, data).is_err() {
             self.stats.rx_bad_icrc += 1;
@@ -184,7 +202,7 @@ impl Engine {
             Ipv4Udp::new(local, ROCE_V2_PORT, dst, ROCE_V2_PORT, len).emit(hdr);
             icrc::fill_v4(hdr, &mut body[..len]);
             if let Some(c) = &mut self.capture {
-                c.record(hdr, &body[..len]);
+                c.record(hdr, &body[..len], false);
             }
             send(
                 io,

@@ -20,32 +20,55 @@ pub(crate) fn spawn(shared: Weak<Shared>, io: Arc<Io>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Sleep until `fd` is readable or `timeout` passes.
+fn wait_fd(fd: i32, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a live pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis().max(1) as libc::c_int) };
+}
+
 fn run(shared: Weak<Shared>, io: Arc<Io>) {
     loop {
         if io.stopped() {
             return;
         }
-        let (deadline, app_polling) = match shared.upgrade() {
-            Some(s) => (
-                s.engine
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .next_deadline(),
-                s.app_polling(POLL_WINDOW),
-            ),
+        let sleep = match shared.upgrade() {
+            Some(s) => {
+                if s.app_polling(POLL_WINDOW) {
+                    // The application drives the transport itself by polling its CQ: competing
+                    // for the socket and the engine lock would only add lock-holder preemption
+                    // on a small machine. Stand aside for a while, unless the application goes
+                    // to sleep on a channel (it then wakes us).
+                    s.set_yielding(true);
+                    if s.app_polling(POLL_WINDOW) {
+                        drop(s);
+                        wait_fd(io.wake_fd(), POLL_WINDOW);
+                        io.drain_wake();
+                        if let Some(s) = shared.upgrade() {
+                            s.set_yielding(false);
+                        }
+                    } else {
+                        s.set_yielding(false);
+                    }
+                    continue;
+                }
+                let e = s.lock_engine();
+                let now = Instant::now();
+                let sleep = e
+                    .next_deadline()
+                    .map_or(MAX_SLEEP, |d| d.saturating_duration_since(now))
+                    .min(MAX_SLEEP);
+                // Published under the engine lock: whoever sets an earlier timer after this
+                // sees it and wakes us.
+                s.plan_wake(now + sleep);
+                sleep
+            }
             None => return,
         };
-        if app_polling {
-            // The application drives the transport itself by polling its CQ: competing for
-            // the socket and the engine lock would only add lock-holder preemption on a small
-            // machine. Look again shortly.
-            std::thread::sleep(POLL_WINDOW);
-            continue;
-        }
-        let now = Instant::now();
-        let sleep = deadline
-            .map_or(MAX_SLEEP, |d| d.saturating_duration_since(now))
-            .min(MAX_SLEEP);
         // Round up so a deadline 0.3 ms away does not become a busy loop of 0 ms polls.
         let ms = (sleep.as_micros() as i64 + 999) / 1000;
         let mut fds = [
@@ -66,7 +89,15 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
             io.drain_wake();
         }
         match shared.upgrade() {
-            Some(s) => s.drive(),
+            Some(s) => {
+                if s.app_polling(POLL_WINDOW) {
+                    // Woken by a packet the busy-polling application is about to take.
+                    s.woke();
+                    continue;
+                }
+                s.woke();
+                s.drive();
+            }
             None => return,
         }
     }

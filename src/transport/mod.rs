@@ -5,6 +5,7 @@ pub mod memory;
 pub mod rc;
 pub mod sim;
 pub mod types;
+pub mod ud;
 
 pub use memory::{MemError, MemoryAccess};
 pub use rc::{PostError, QpError, RcQp};

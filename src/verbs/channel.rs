@@ -78,6 +78,7 @@ impl CompletionChannel {
     /// be acknowledged with [`CompletionQueue::ack_events`].
     pub fn get_cq_event(&self) -> Result<CompletionQueue> {
         let mut v: u64 = 0;
+        self.shared.app_blocking();
         loop {
             // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
             let r = unsafe { libc::read(self.fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };

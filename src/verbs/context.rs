@@ -1,7 +1,8 @@
 //! A device context (`ibv_open_device`): the endpoint's socket, its engine and progress thread.
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
@@ -10,6 +11,7 @@ use super::channel::{ChannelShared, CompletionChannel};
 use super::cq::{CompletionQueue, CqShared};
 use super::device::*;
 use super::error::{Result, VerbsError};
+use super::event::{AsyncEvent, AsyncQueue};
 use super::mr::MrTable;
 use super::pd::ProtectionDomain;
 use crate::driver::engine::{Engine, Stats};
@@ -25,7 +27,16 @@ pub(crate) struct Shared {
     /// When an application thread last busy-polled (µs since `epoch`); while it polls, the
     /// progress thread stays out of its way.
     last_app_poll: AtomicU64,
+    /// The progress thread is standing aside for a busy-polling application.
+    progress_yielding: AtomicBool,
+    /// When the progress thread means to wake next (µs since `epoch`; `u64::MAX`: it is not
+    /// asleep on a timer, or there is none). Written and compared under the engine lock, so a
+    /// new, earlier deadline always wakes it.
+    planned_wake: AtomicU64,
     epoch: Instant,
+    pub async_events: Arc<AsyncQueue>,
+    /// QPs dropped while the engine was busy (see `QueuePair`'s drop).
+    deferred_removals: Mutex<Vec<u32>>,
 }
 
 impl Shared {
@@ -33,18 +44,106 @@ impl Shared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Drive the transport once, now, on this thread.
+    pub(crate) fn lock_engine(&self) -> std::sync::MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The engine, for a verb called by the application. A thread that holds a memory-region
+    /// guard gets [`VerbsError::Busy`] instead: the engine's holder may be waiting for that
+    /// very region (a deadlock otherwise).
+    pub(crate) fn lock_engine_for_verb(&self) -> Result<std::sync::MutexGuard<'_, Engine>> {
+        if super::mr::guards_held() {
+            return Err(VerbsError::Busy(
+                "this thread holds a MemoryRegion::lock guard; drop it before calling this verb",
+            ));
+        }
+        Ok(self.lock_engine())
+    }
+
+    /// Drive the transport once, now, on this thread (unless it holds a memory-region guard:
+    /// then the progress thread does it).
     pub(crate) fn drive(&self) {
-        let mut e = self.engine.lock().unwrap_or_else(|p| p.into_inner());
-        e.drive(&self.io, &self.mrs, self.addr, Instant::now());
+        if super::mr::guards_held() {
+            self.io.wake();
+            return;
+        }
+        let mut e = self.lock_engine();
+        e.drive(
+            &self.io,
+            &self.mrs,
+            &self.async_events,
+            self.addr,
+            Instant::now(),
+        );
+        self.kick_if_earlier(e.next_deadline());
     }
 
     /// Drive once unless another thread is driving already (the busy-poll path).
     pub(crate) fn try_drive(&self) {
+        if super::mr::guards_held() {
+            // This thread may not drive (see `MrGuard`); nor may it keep the progress thread
+            // standing aside.
+            return;
+        }
         let t = self.epoch.elapsed().as_micros() as u64;
         self.last_app_poll.store(t, Ordering::Relaxed);
-        if let Ok(mut e) = self.engine.try_lock() {
-            e.drive(&self.io, &self.mrs, self.addr, Instant::now());
+        let mut e = match self.engine.try_lock() {
+            Ok(e) => e,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        self.remove_deferred(&mut e);
+        e.drive(
+            &self.io,
+            &self.mrs,
+            &self.async_events,
+            self.addr,
+            Instant::now(),
+        );
+        self.kick_if_earlier(e.next_deadline());
+    }
+
+    pub(crate) fn defer_qp_removal(&self, qpn: u32) {
+        self.deferred_removals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(qpn);
+        self.io.wake();
+    }
+
+    fn remove_deferred(&self, e: &mut Engine) {
+        let mut d = self
+            .deferred_removals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for qpn in d.drain(..) {
+            e.remove_qp(qpn);
+        }
+    }
+
+    fn micros(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_micros() as u64
+    }
+
+    /// Called by the progress thread under the engine lock before it sleeps until `deadline`.
+    pub(crate) fn plan_wake(&self, deadline: Instant) {
+        self.planned_wake
+            .store(self.micros(deadline).max(1), Ordering::Relaxed);
+    }
+
+    /// Called by the progress thread under the engine lock when it woke up.
+    pub(crate) fn woke(&self) {
+        self.planned_wake.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// Under the engine lock: wake the progress thread if a timer is now due before it planned
+    /// to look (so retransmission and RNR waits run on time while the application sleeps).
+    pub(crate) fn kick_if_earlier(&self, deadline: Option<Instant>) {
+        if let Some(d) = deadline {
+            let planned = self.planned_wake.load(Ordering::Relaxed);
+            if planned != u64::MAX && self.micros(d) < planned {
+                self.io.wake();
+            }
         }
     }
 }
@@ -52,10 +151,32 @@ impl Shared {
 impl Shared {
     /// True while an application thread has busy-polled within `window`.
     pub(crate) fn app_polling(&self, window: Duration) -> bool {
-        let last = self.last_app_poll.load(Ordering::Relaxed);
+        let last = self.last_app_poll.load(Ordering::SeqCst);
         let now = self.epoch.elapsed().as_micros() as u64;
         last != 0 && now.saturating_sub(last) < window.as_micros() as u64
     }
+
+    /// The application is about to sleep (it armed a CQ or blocks on a channel): the progress
+    /// thread must not stand aside any longer. (SeqCst pairs with [`Shared::set_yielding`]: one
+    /// of the two sides sees the other's store.)
+    pub(crate) fn app_blocking(&self) {
+        self.last_app_poll.store(0, Ordering::SeqCst);
+        if self.progress_yielding.load(Ordering::SeqCst) {
+            self.io.wake();
+        }
+    }
+
+    /// The progress thread stands aside (`true`) or resumes (`false`).
+    pub(crate) fn set_yielding(&self, on: bool) {
+        self.progress_yielding.store(on, Ordering::SeqCst);
+    }
+}
+
+/// Options of [`Device::open_with`](super::Device::open_with).
+#[derive(Clone, Debug, Default)]
+pub struct ContextOptions {
+    /// Write every datagram sent and received to this pcap file (default: `$SOFTRDMA_PCAP`).
+    pub pcap: Option<PathBuf>,
 }
 
 impl Drop for Shared {
@@ -71,10 +192,14 @@ pub struct Context {
 }
 
 impl Context {
-    pub(crate) fn open(device: Device) -> Result<Context> {
+    pub(crate) fn open(device: Device, opts: &ContextOptions) -> Result<Context> {
         let io = Arc::new(Io::bind(device.addr())?);
         let addr = io.local_addr();
-        let engine = Engine::new(std::env::var_os("SOFTRDMA_PCAP").map(Into::into))?;
+        let pcap = opts
+            .pcap
+            .clone()
+            .or_else(|| std::env::var_os("SOFTRDMA_PCAP").map(Into::into));
+        let engine = Engine::new(pcap, addr)?;
         let shared = Arc::new(Shared {
             device,
             addr,
@@ -83,7 +208,11 @@ impl Context {
             io: io.clone(),
             next_id: AtomicU32::new(1),
             last_app_poll: AtomicU64::new(0),
+            progress_yielding: AtomicBool::new(false),
+            planned_wake: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
+            async_events: Arc::new(AsyncQueue::default()),
+            deferred_removals: Mutex::new(Vec::new()),
         });
         crate::driver::progress::spawn(Arc::downgrade(&shared), io)?;
         Ok(Context { shared })
@@ -99,9 +228,14 @@ impl Context {
         self.shared.addr
     }
 
+    /// Node GUID: derived from the bound address, as rxe derives it from the MAC.
+    pub fn node_guid(&self) -> u64 {
+        guid_from_ipv4(self.shared.addr)
+    }
+
     /// `ibv_query_device`.
     pub fn query_device(&self) -> DeviceAttr {
-        let guid = self.shared.device.guid();
+        let guid = self.node_guid();
         DeviceAttr {
             fw_ver: env!("CARGO_PKG_VERSION").to_string(),
             node_guid: guid,
@@ -181,10 +315,18 @@ impl Context {
         if cqe == 0 || cqe > MAX_CQE {
             return Err(VerbsError::InvalidArgument("cqe out of range"));
         }
+        if let Some(ch) = channel {
+            if !Arc::ptr_eq(&ch.shared, &self.shared) {
+                return Err(VerbsError::InvalidArgument(
+                    "completion channel belongs to another context",
+                ));
+            }
+        }
         let inner = Arc::new(CqShared::new(
             self.shared.next_id(),
             cqe as usize,
             channel.map(|c| c.inner.clone()),
+            self.shared.async_events.clone(),
         ));
         Ok(CompletionQueue {
             inner,
@@ -199,8 +341,14 @@ impl Context {
     }
 
     /// Packet counters of the endpoint.
-    pub fn stats(&self) -> Stats {
-        self.shared.engine.lock().unwrap().stats
+    pub fn stats(&self) -> Result<Stats> {
+        Ok(self.shared.lock_engine_for_verb()?.stats)
+    }
+
+    /// `ibv_get_async_event` without waiting: the oldest unread async event, if any. (No
+    /// acknowledgement is needed: the event is a copy.)
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.shared.async_events.pop()
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use super::channel::ChannelShared;
 use super::context::Shared;
 use super::error::{Result, VerbsError};
+use super::event::{AsyncEvent, AsyncQueue};
 use crate::transport::{Completion, WcStatus};
 
 /// A work completion (`struct ibv_wc`).
@@ -38,6 +39,7 @@ struct CqState {
     armed: Option<bool>,
     events_delivered: u64,
     events_acked: u64,
+    destroyed: bool,
 }
 
 pub(crate) struct CqShared {
@@ -47,24 +49,41 @@ pub(crate) struct CqShared {
     pub(crate) channel: Option<Arc<ChannelShared>>,
     /// QPs using this CQ.
     pub(crate) qp_refs: AtomicU32,
+    async_events: Arc<AsyncQueue>,
 }
 
 impl CqShared {
-    pub(crate) fn new(id: u32, cap: usize, channel: Option<Arc<ChannelShared>>) -> Self {
+    pub(crate) fn new(
+        id: u32,
+        cap: usize,
+        channel: Option<Arc<ChannelShared>>,
+        async_events: Arc<AsyncQueue>,
+    ) -> Self {
         CqShared {
             id,
             cap,
             state: Mutex::new(CqState::default()),
             channel,
             qp_refs: AtomicU32::new(0),
+            async_events,
         }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, CqState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Add a completion (called by the engine). A full CQ overruns, as on hardware.
     pub(crate) fn push(self: &Arc<Self>, c: Completion) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state();
+        if st.overrun {
+            return;
+        }
         if st.q.len() >= self.cap {
+            // IBA 11.4.2.1 / C11-29: the CQ goes to error and the consumer gets an async event.
             st.overrun = true;
+            drop(st);
+            self.async_events.push(AsyncEvent::CqErr { cq: self.id });
             return;
         }
         st.q.push_back(c);
@@ -83,7 +102,7 @@ impl CqShared {
     }
 
     fn pop_into(&self, out: &mut [Completion]) -> Result<usize> {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state();
         if st.overrun {
             return Err(VerbsError::CqOverrun);
         }
@@ -95,7 +114,7 @@ impl CqShared {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.state.lock().unwrap().q.len()
+        self.state().q.len()
     }
 }
 
@@ -132,7 +151,9 @@ impl CompletionQueue {
         if self.inner.channel.is_none() {
             return Err(VerbsError::InvalidArgument("CQ has no completion channel"));
         }
-        let mut st = self.inner.state.lock().unwrap();
+        // Arming means the application means to sleep: its progress thread takes over now.
+        self.shared.app_blocking();
+        let mut st = self.inner.state();
         st.armed = Some(match st.armed {
             // A pending "any" request is not narrowed by a later solicited-only one.
             Some(false) => false,
@@ -143,7 +164,7 @@ impl CompletionQueue {
 
     /// `ibv_ack_cq_events`.
     pub fn ack_events(&self, n: u32) {
-        let mut st = self.inner.state.lock().unwrap();
+        let mut st = self.inner.state();
         st.events_acked = (st.events_acked + n as u64).min(st.events_delivered);
     }
 
@@ -161,16 +182,29 @@ impl CompletionQueue {
         self.len() == 0
     }
 
-    /// `ibv_destroy_cq`: fails (EBUSY) while a QP uses the CQ or events are unacknowledged.
-    pub fn destroy(self) -> Result<()> {
+    /// `ibv_destroy_cq`: fails with [`VerbsError::Busy`] (EBUSY), handing the CQ back, while a
+    /// QP uses it or channel events are unacknowledged. Other handles to a destroyed CQ can
+    /// still poll what it holds, but no QP can be created on it.
+    pub fn destroy(self) -> std::result::Result<(), (VerbsError, CompletionQueue)> {
         if self.inner.qp_refs.load(Ordering::Acquire) > 0 {
-            return Err(VerbsError::Busy("CQ still used by a QP"));
+            return Err((VerbsError::Busy("CQ still used by a QP"), self));
         }
-        let st = self.inner.state.lock().unwrap();
+        let mut st = self.inner.state();
         if st.events_acked < st.events_delivered {
-            return Err(VerbsError::Busy("CQ has unacknowledged events"));
+            drop(st);
+            return Err((VerbsError::Busy("CQ has unacknowledged events"), self));
         }
+        st.destroyed = true;
         Ok(())
+    }
+
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.inner.state().destroyed
+    }
+
+    /// True once the CQ overran (then [`CompletionQueue::poll`] fails with `CqOverrun`).
+    pub fn is_overrun(&self) -> bool {
+        self.inner.state().overrun
     }
 
     /// Identity of the CQ (stable across clones).

@@ -3,7 +3,7 @@
 use std::ffi::CStr;
 use std::net::Ipv4Addr;
 
-use super::context::Context;
+use super::context::{Context, ContextOptions};
 use super::error::{Result, VerbsError};
 use crate::transport::Mtu;
 
@@ -33,10 +33,14 @@ pub fn devices() -> Result<Vec<Device>> {
         let addr: Ipv4Addr = a
             .parse()
             .map_err(|_| VerbsError::InvalidArgument("SOFTRDMA_ADDR is not an IPv4 address"))?;
-        let (ifname, if_mtu) = interfaces()?
-            .into_iter()
-            .find(|(_, a, _)| *a == addr)
-            .map(|(n, _, m)| (n, m))
+        // The interface with that address, else the one whose subnet holds it (127.0.0.9 is on
+        // `lo`, whose address is 127.0.0.1/8).
+        let ifs = interfaces()?;
+        let (ifname, if_mtu) = ifs
+            .iter()
+            .find(|i| i.addr == addr)
+            .or_else(|| ifs.iter().find(|i| i.contains(addr)))
+            .map(|i| (i.name.clone(), i.mtu))
             .unwrap_or_else(|| (String::from("?"), 1500));
         return Ok(vec![Device {
             name: "srxe0".into(),
@@ -46,21 +50,36 @@ pub fn devices() -> Result<Vec<Device>> {
         }]);
     }
     let mut ifs = interfaces()?;
-    ifs.sort_by_key(|(_, a, _)| !a.is_loopback());
+    ifs.sort_by_key(|i| !i.addr.is_loopback());
     Ok(ifs
         .into_iter()
         .enumerate()
-        .map(|(i, (ifname, addr, if_mtu))| Device {
+        .map(|(i, f)| Device {
             name: format!("srxe{i}"),
-            ifname,
-            addr,
-            if_mtu,
+            ifname: f.name,
+            addr: f.addr,
+            if_mtu: f.mtu,
         })
         .collect())
 }
 
-/// Local IPv4 interface addresses with their MTUs (getifaddrs).
-fn interfaces() -> Result<Vec<(String, Ipv4Addr, u32)>> {
+/// One local IPv4 interface address.
+struct Interface {
+    name: String,
+    addr: Ipv4Addr,
+    mask: Ipv4Addr,
+    mtu: u32,
+}
+
+impl Interface {
+    fn contains(&self, a: Ipv4Addr) -> bool {
+        let m = u32::from(self.mask);
+        m != 0 && u32::from(a) & m == u32::from(self.addr) & m
+    }
+}
+
+/// Local IPv4 interface addresses with their netmasks and MTUs (getifaddrs).
+fn interfaces() -> Result<Vec<Interface>> {
     let mut out = Vec::new();
     let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head into `ifap`; we free it with freeifaddrs below.
@@ -83,6 +102,13 @@ fn interfaces() -> Result<Vec<(String, Ipv4Addr, u32)>> {
         // SAFETY: for AF_INET the address is a sockaddr_in.
         let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
         let addr = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+        let mask = if ifa.ifa_netmask.is_null() {
+            Ipv4Addr::UNSPECIFIED
+        } else {
+            // SAFETY: for an AF_INET address the netmask, when present, is a sockaddr_in too.
+            let m = unsafe { &*(ifa.ifa_netmask as *const libc::sockaddr_in) };
+            Ipv4Addr::from(u32::from_be(m.sin_addr.s_addr))
+        };
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
         let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
             .to_string_lossy()
@@ -91,7 +117,12 @@ fn interfaces() -> Result<Vec<(String, Ipv4Addr, u32)>> {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(1500);
-        out.push((name, addr, mtu));
+        out.push(Interface {
+            name,
+            addr,
+            mask,
+            mtu,
+        });
     }
     // SAFETY: `ifap` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(ifap) };
@@ -111,10 +142,15 @@ impl Device {
     pub fn addr(&self) -> Ipv4Addr {
         self.addr
     }
-    /// Node GUID derived from the address, as rxe derives it from the MAC.
+    /// Node GUID derived from the address, as rxe derives it from the MAC (an EUI-64 with the
+    /// address in place of the MAC's low bytes). A context opened on a busy loopback address
+    /// derives its GUID from the address it got instead ([`Context::node_guid`]).
     pub fn guid(&self) -> u64 {
-        let o = self.addr.octets();
-        u64::from_be_bytes([0x02, 0x00, 0x5e, 0xff, o[0], o[1], o[2], o[3]])
+        guid_from_ipv4(self.addr)
+    }
+    /// The interface MTU.
+    pub fn if_mtu(&self) -> u32 {
+        self.if_mtu
     }
     /// The largest IB MTU that fits the interface with RoCEv2 headers (as rxe computes it).
     pub fn active_mtu(&self) -> Mtu {
@@ -124,9 +160,14 @@ impl Device {
             .find(|m| m.bytes() <= usable)
             .unwrap_or(Mtu::Mtu256)
     }
-    /// `ibv_open_device`: bind the endpoint and start its progress thread.
+    /// `ibv_open_device`: bind the endpoint (UDP `addr:4791`; on loopback, if that is taken,
+    /// the next free 127.0.0.x) and start its progress thread.
     pub fn open(&self) -> Result<Context> {
-        Context::open(self.clone())
+        Context::open(self.clone(), &ContextOptions::default())
+    }
+    /// [`Device::open`] with options (packet capture).
+    pub fn open_with(&self, opts: &ContextOptions) -> Result<Context> {
+        Context::open(self.clone(), opts)
     }
 }
 
@@ -185,6 +226,12 @@ pub struct PortAttr {
     /// 0 on Ethernet, as with rxe.
     pub lid: u16,
     pub link_layer_ethernet: bool,
+}
+
+/// The node GUID of an address: `02:00:5e:ff:a:b:c:d`.
+pub(crate) fn guid_from_ipv4(a: Ipv4Addr) -> u64 {
+    let o = a.octets();
+    u64::from_be_bytes([0x02, 0x00, 0x5e, 0xff, o[0], o[1], o[2], o[3]])
 }
 
 /// The IPv4-mapped RoCEv2 GID `::ffff:a.b.c.d`.

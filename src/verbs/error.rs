@@ -1,6 +1,6 @@
 //! Errors of the Verbs API. Each maps to the errno libibverbs would return.
 
-use crate::transport::{PostError, QpError};
+use crate::transport::{MemError, PostError, QpError};
 
 /// Why a verb failed.
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +19,14 @@ pub enum VerbsError {
     CqOverrun,
     #[error(transparent)]
     Qp(#[from] QpError),
+    /// `ibv_post_send`/`ibv_post_recv` refused the work request at `index` of the list (the
+    /// `bad_wr`); the ones before it were posted.
     #[error("post failed at work request {index}: {error}")]
     Post { index: usize, error: PostError },
+    /// An inline send's scatter/gather list could not be read at post time (the `bad_wr` is at
+    /// `index`; the ones before it were posted).
+    #[error("post failed at work request {index}: inline data: {error}")]
+    PostInline { index: usize, error: MemError },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -39,7 +45,16 @@ impl VerbsError {
                 PostError::QueueFull => libc::ENOMEM,
                 _ => libc::EINVAL,
             },
+            VerbsError::PostInline { .. } => libc::EINVAL,
             VerbsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+
+    /// For a failed post: the index of the first work request not posted (`bad_wr`).
+    pub fn bad_wr(&self) -> Option<usize> {
+        match self {
+            VerbsError::Post { index, .. } | VerbsError::PostInline { index, .. } => Some(*index),
+            _ => None,
         }
     }
 }

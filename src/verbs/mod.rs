@@ -13,21 +13,30 @@ mod context;
 mod cq;
 mod device;
 mod error;
+mod event;
 mod mr;
 mod pd;
 mod qp;
 
 pub use channel::CompletionChannel;
-pub use context::Context;
+pub use context::{Context, ContextOptions};
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{
     devices, gid_from_ipv4, ipv4_from_gid, AtomicCap, Device, DeviceAttr, PortAttr, PortState,
 };
 pub use error::{Result, VerbsError};
-pub use mr::MemoryRegion;
+pub use event::AsyncEvent;
+pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;
 pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr};
 
+/// The transport types the verbs take and return, so `use softrdma::verbs::*` is enough.
+pub use crate::transport::{
+    AccessFlags, AddressVector, CqSide, MemError, Mtu, PostError, QpAttr, QpCaps, QpError, QpState,
+    SendFlags, SendOp, Sge, WcOpcode, WcStatus,
+};
+
 pub(crate) use context::Shared;
 pub(crate) use cq::CqShared;
+pub(crate) use event::AsyncQueue;
 pub(crate) use mr::MrTable;

@@ -3,6 +3,7 @@
 //! table, and holds the region alive (an `Arc`) only for the length of one copy.
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use super::error::{Result, VerbsError};
@@ -15,10 +16,32 @@ pub(crate) struct MrInner {
     /// The region's virtual address: the address of its buffer, as with `ibv_reg_mr`.
     pub addr: u64,
     pub len: usize,
+    /// The region is `buf[start..start + len]` (`start` aligns freshly allocated regions).
+    start: usize,
     buf: Mutex<Box<[u8]>>,
 }
 
+thread_local! {
+    /// Regions whose [`MrGuard`] this thread holds (by `MrInner` address).
+    static HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// True if this thread holds an application guard ([`MemoryRegion::lock`]) on any region: it
+/// must not drive the transport, which could need that very lock (a self-deadlock).
+pub(crate) fn guards_held() -> bool {
+    HELD.with(|h| !h.borrow().is_empty())
+}
+
 impl MrInner {
+    /// The region's bytes, locked (the transport and the application take the same lock).
+    fn bytes(&self) -> MutexGuard<'_, Box<[u8]>> {
+        self.buf.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len
+    }
+
     /// Offset of `[addr, addr + len)` inside the region, if it lies inside.
     fn offset(&self, addr: u64, len: u64) -> Result<usize, MemError> {
         let off = addr.checked_sub(self.addr).ok_or(MemError::OutOfBounds)?;
@@ -37,7 +60,14 @@ pub(crate) struct MrTable {
 }
 
 impl MrTable {
-    fn insert(&self, pd: u32, access: AccessFlags, buf: Box<[u8]>) -> Arc<MrInner> {
+    fn insert(
+        &self,
+        pd: u32,
+        access: AccessFlags,
+        buf: Box<[u8]>,
+        start: usize,
+        len: usize,
+    ) -> Arc<MrInner> {
         let mut map = self.map.write().unwrap();
         let key = loop {
             let mut b = [0u8; 4];
@@ -52,8 +82,11 @@ impl MrTable {
             pd,
             key,
             access,
-            addr: buf.as_ptr() as u64,
-            len: buf.len(),
+            // The heap block of a `Box<[u8]>` never moves, so its address names the region for
+            // its whole life; it is only a number here (never dereferenced).
+            addr: buf.as_ptr() as u64 + start as u64,
+            len,
+            start,
             buf: Mutex::new(buf),
         });
         map.insert(key, inner.clone());
@@ -97,8 +130,8 @@ impl PdMemory<'_> {
 impl MemoryAccess for PdMemory<'_> {
     fn local_read(&self, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
         let mr = self.lookup(lkey)?;
-        let off = mr.offset(addr, dst.len() as u64)?;
-        dst.copy_from_slice(&mr.buf.lock().unwrap()[off..off + dst.len()]);
+        let off = mr.offset(addr, dst.len() as u64)? + mr.start;
+        dst.copy_from_slice(&mr.bytes()[off..off + dst.len()]);
         Ok(())
     }
 
@@ -107,8 +140,8 @@ impl MemoryAccess for PdMemory<'_> {
         if !mr.access.contains(AccessFlags::LOCAL_WRITE) {
             return Err(MemError::AccessDenied);
         }
-        let off = mr.offset(addr, src.len() as u64)?;
-        mr.buf.lock().unwrap()[off..off + src.len()].copy_from_slice(src);
+        let off = mr.offset(addr, src.len() as u64)? + mr.start;
+        mr.bytes()[off..off + src.len()].copy_from_slice(src);
         Ok(())
     }
 
@@ -131,8 +164,8 @@ impl MemoryAccess for PdMemory<'_> {
         if !mr.access.contains(AccessFlags::REMOTE_READ) {
             return Err(MemError::AccessDenied);
         }
-        let off = mr.offset(addr, dst.len() as u64)?;
-        dst.copy_from_slice(&mr.buf.lock().unwrap()[off..off + dst.len()]);
+        let off = mr.offset(addr, dst.len() as u64)? + mr.start;
+        dst.copy_from_slice(&mr.bytes()[off..off + dst.len()]);
         Ok(())
     }
 
@@ -141,8 +174,8 @@ impl MemoryAccess for PdMemory<'_> {
         if !mr.access.contains(AccessFlags::REMOTE_WRITE) {
             return Err(MemError::AccessDenied);
         }
-        let off = mr.offset(addr, src.len() as u64)?;
-        mr.buf.lock().unwrap()[off..off + src.len()].copy_from_slice(src);
+        let off = mr.offset(addr, src.len() as u64)? + mr.start;
+        mr.bytes()[off..off + src.len()].copy_from_slice(src);
         Ok(())
     }
 
@@ -154,8 +187,8 @@ impl MemoryAccess for PdMemory<'_> {
         if addr % 8 != 0 {
             return Err(MemError::Misaligned);
         }
-        let off = mr.offset(addr, 8)?;
-        let mut buf = mr.buf.lock().unwrap();
+        let off = mr.offset(addr, 8)? + mr.start;
+        let mut buf = mr.bytes();
         let cell = &mut buf[off..off + 8];
         // Atomics operate on host-order 64-bit words, as on the hosts rxe runs on.
         let orig = u64::from_ne_bytes(cell.try_into().expect("8 bytes"));
@@ -188,6 +221,8 @@ impl MemoryRegion {
         shared: &Arc<super::context::Shared>,
         pd: u32,
         buf: Box<[u8]>,
+        start: usize,
+        len: usize,
         access: AccessFlags,
     ) -> Result<Self> {
         // IBA 10.6.3.1 / ibv_reg_mr(3): remote write or atomic access needs local write.
@@ -203,7 +238,7 @@ impl MemoryRegion {
         if shared.mrs.count() >= super::device::MAX_MR {
             return Err(VerbsError::NoResources("too many memory regions"));
         }
-        let inner = shared.mrs.insert(pd, access, buf);
+        let inner = shared.mrs.insert(pd, access, buf, start, len);
         Ok(MemoryRegion {
             inner,
             table: shared.clone(),
@@ -254,14 +289,58 @@ impl MemoryRegion {
         Ok(())
     }
 
-    /// Lock the memory for direct access. The transport waits while the guard lives, so keep
-    /// it short.
-    pub fn lock(&self) -> MutexGuard<'_, Box<[u8]>> {
-        self.inner.buf.lock().unwrap_or_else(|e| e.into_inner())
+    /// Lock the memory for direct access: the guard derefs to the region's bytes. The transport
+    /// waits while the guard lives, so keep it short, and do not call into the library (poll a
+    /// CQ, post, ...) while holding it: the transport may need this very lock to progress.
+    pub fn lock(&self) -> MrGuard<'_> {
+        let guard = self.inner.bytes();
+        HELD.with(|h| h.borrow_mut().push(Arc::as_ptr(&self.inner) as usize));
+        MrGuard {
+            guard,
+            range: self.inner.range(),
+            id: Arc::as_ptr(&self.inner) as usize,
+        }
     }
 
-    /// `ibv_dereg_mr`: remove the key now.
+    /// `ibv_dereg_mr`: remove the key now. Work requests and peers that name it afterwards fail
+    /// (local protection error, remote access error); the memory is freed when nothing uses it.
     pub fn deregister(self) {}
+}
+
+/// Exclusive access to a memory region's bytes (see [`MemoryRegion::lock`]).
+///
+/// The transport takes the same lock for each copy, so while a thread holds a guard, the library
+/// does not drive the transport on that thread (polling an empty CQ just returns; the progress
+/// thread does the work), and verbs that need the transport engine (post, modify, query,
+/// create_qp, stats) fail with [`VerbsError::Busy`] there instead of risking a deadlock.
+pub struct MrGuard<'a> {
+    guard: MutexGuard<'a, Box<[u8]>>,
+    range: std::ops::Range<usize>,
+    id: usize,
+}
+
+impl Deref for MrGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.guard[self.range.clone()]
+    }
+}
+
+impl DerefMut for MrGuard<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.guard[self.range.clone()]
+    }
+}
+
+impl Drop for MrGuard<'_> {
+    fn drop(&mut self) {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|&x| x == self.id) {
+                h.swap_remove(i);
+            }
+        });
+    }
 }
 
 impl Drop for MemoryRegion {

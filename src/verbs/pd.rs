@@ -3,25 +3,47 @@
 use std::sync::Arc;
 
 use super::context::Shared;
-use super::error::Result;
+use super::error::{Result, VerbsError};
+
+/// Alignment of regions from [`ProtectionDomain::alloc_mr`] (a cache line).
+const MR_ALIGN: usize = 64;
 use super::mr::MemoryRegion;
 use super::qp::{QpInitAttr, QueuePair};
 use crate::transport::AccessFlags;
 
+/// A protection domain (`struct ibv_pd`): memory regions and QPs of one PD see each other's
+/// keys; a key from another PD is invalid.
 pub struct ProtectionDomain {
     pub(crate) id: u32,
     pub(crate) shared: Arc<Shared>,
 }
 
 impl ProtectionDomain {
-    /// Allocate `len` zeroed bytes and register them (`ibv_reg_mr` over fresh memory).
+    /// Allocate `len` zeroed bytes, 64-byte aligned, and register them (`ibv_reg_mr` over fresh
+    /// memory).
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
-        self.register(vec![0u8; len], access)
+        if len > super::device::MAX_MSG as usize {
+            return Err(VerbsError::InvalidArgument("length above max_mr_size"));
+        }
+        let buf = vec![0u8; len + MR_ALIGN - 1].into_boxed_slice();
+        let start = buf.as_ptr().align_offset(MR_ALIGN).min(MR_ALIGN - 1);
+        MemoryRegion::register(&self.shared, self.id, buf, start, len, access)
     }
 
-    /// Register a buffer, taking ownership of it, so it stays alive while reachable.
-    pub fn register(&self, buf: Vec<u8>, access: AccessFlags) -> Result<MemoryRegion> {
-        MemoryRegion::register(&self.shared, self.id, buf.into_boxed_slice(), access)
+    /// Register a buffer (`Vec<u8>`, `Box<[u8]>`), taking ownership of it, so it stays alive
+    /// while a work request or a remote key can reach it. Its address is the region's `addr()`.
+    pub fn register(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<MemoryRegion> {
+        let buf = buf.into();
+        let len = buf.len();
+        if len as u64 > super::device::MAX_MSG {
+            return Err(VerbsError::InvalidArgument("length above max_mr_size"));
+        }
+        MemoryRegion::register(&self.shared, self.id, buf, 0, len, access)
+    }
+
+    /// Identity of the PD within its context.
+    pub fn id(&self) -> u32 {
+        self.id
     }
 
     /// `ibv_create_qp`.

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::context::Shared;
 use super::cq::CompletionQueue;
-use super::device::{MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use super::device::{MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE};
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
 use crate::driver::engine::QpSlot;
@@ -84,13 +84,19 @@ impl QueuePair {
             if !Arc::ptr_eq(&cq.shared, &pd.shared) {
                 return Err(VerbsError::InvalidArgument("CQ belongs to another context"));
             }
+            if cq.is_destroyed() {
+                return Err(VerbsError::InvalidArgument("CQ was destroyed"));
+            }
         }
         // As rxe does, report the inline capacity the device gives, not less than asked.
         let caps = QpCaps {
             max_inline_data: c.max_inline_data.max(MAX_INLINE),
             ..c
         };
-        let mut engine = pd.shared.engine.lock().unwrap();
+        let mut engine = pd.shared.lock_engine_for_verb()?;
+        if engine.qp_count() >= MAX_QP {
+            return Err(VerbsError::NoResources("too many QPs"));
+        }
         let qpn = engine.alloc_qpn()?;
         engine.insert_qp(
             qpn,
@@ -99,6 +105,7 @@ impl QueuePair {
                 send_cq: attr.send_cq.inner.clone(),
                 recv_cq: attr.recv_cq.inner.clone(),
                 pd: pd.id,
+                last_state: QpState::Reset,
             },
         );
         drop(engine);
@@ -124,12 +131,18 @@ impl QueuePair {
         self.caps
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> R {
-        let mut e = self.shared.engine.lock().unwrap_or_else(|p| p.into_inner());
+    /// Run `f` on the QP under the engine lock, then transmit what it has to send on this
+    /// thread and hand its completions to the CQs.
+    /// Fails with `Busy` on a thread holding a memory-region guard (see
+    /// [`MrGuard`](super::MrGuard)).
+    fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> Result<R> {
+        let mut e = self.shared.lock_engine_for_verb()?;
         let slot = e
             .qp_mut(self.qpn)
             .expect("a live QueuePair has an engine slot");
         let r = f(slot);
+        // A state change made by a verb is no async event.
+        slot.last_state = slot.rc.state();
         e.flush_qp(
             self.qpn,
             &self.shared.io,
@@ -137,23 +150,35 @@ impl QueuePair {
             self.shared.addr,
             Instant::now(),
         );
-        r
+        if let Some(slot) = e.qp_mut(self.qpn) {
+            // Transmitting can fail the QP (a local protection error, say): that is the
+            // transport's doing.
+            let st = slot.rc.state();
+            if st == QpState::Err && slot.last_state != QpState::Err {
+                self.shared
+                    .async_events
+                    .push(super::AsyncEvent::QpFatal { qp_num: self.qpn });
+            }
+            slot.last_state = st;
+            let deadline = slot.rc.poll_timeout();
+            self.shared.kick_if_earlier(deadline);
+        }
+        Ok(r)
     }
 
-    /// `ibv_modify_qp`.
+    /// `ibv_modify_qp`: the attributes that are `Some` are in the mask.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
-        self.with(|s| s.rc.modify(attr, Instant::now()))?;
-        self.shared.io.wake();
+        self.with(|s| s.rc.modify(attr, Instant::now()))??;
         Ok(())
     }
 
     /// `ibv_query_qp`.
-    pub fn query(&self) -> QpAttr {
+    pub fn query(&self) -> Result<QpAttr> {
         self.with(|s| s.rc.query())
     }
 
     /// Current state.
-    pub fn state(&self) -> QpState {
+    pub fn state(&self) -> Result<QpState> {
         self.with(|s| s.rc.state())
     }
 
@@ -180,11 +205,8 @@ impl QueuePair {
                     for sge in wr.sg_list {
                         let dst = &mut inline_data[at..at + sge.length as usize];
                         // Inline data is copied now; an SGE outside any MR is a bad WR.
-                        if mem.local_read(sge.lkey, sge.addr, dst).is_err() {
-                            return Err(VerbsError::InvalidArgument(
-                                "inline SGE outside a memory region",
-                            ));
-                        }
+                        mem.local_read(sge.lkey, sge.addr, dst)
+                            .map_err(|error| VerbsError::PostInline { index, error })?;
                         at += sge.length as usize;
                     }
                 }
@@ -199,8 +221,7 @@ impl QueuePair {
                     .map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
-        });
-        self.shared.io.wake();
+        })?;
         r
     }
 
@@ -216,15 +237,23 @@ impl QueuePair {
                     .map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
-        })
+        })?
     }
 }
 
 impl Drop for QueuePair {
+    /// `ibv_destroy_qp`: the QP stops at once; packets for it are dropped from now on.
     fn drop(&mut self) {
-        let mut e = self.shared.engine.lock().unwrap_or_else(|p| p.into_inner());
-        e.remove_qp(self.qpn);
-        drop(e);
+        if super::mr::guards_held() {
+            // The engine's holder may be waiting for a region this thread has locked: do not
+            // wait for the engine; the next drive removes the QP.
+            match self.shared.engine.try_lock() {
+                Ok(mut e) => e.remove_qp(self.qpn),
+                Err(_) => self.shared.defer_qp_removal(self.qpn),
+            }
+        } else {
+            self.shared.lock_engine().remove_qp(self.qpn);
+        }
         self.send_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);
         self.recv_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);
     }

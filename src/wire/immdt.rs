@@ -18,3 +18,21 @@ pub fn parse(buf: &[u8]) -> Result<u32, WireError> {
 pub fn emit(imm: u32, buf: &mut [u8]) {
     be::put_u32(&mut buf[0..4], imm);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn big_endian_on_the_wire() {
+        // No immediate data in the captures; IBA 9.3.7: 4 bytes, as posted (network order).
+        let bytes = [0x12, 0x34, 0x56, 0x78];
+        assert_eq!(parse(&bytes), Ok(0x1234_5678));
+        let mut out = [0u8; LEN];
+        emit(0x1234_5678, &mut out);
+        assert_eq!(out, bytes);
+        for n in 0..LEN {
+            assert_eq!(parse(&bytes[..n]), Err(WireError::Truncated));
+        }
+    }
+}

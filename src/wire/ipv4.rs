@@ -33,7 +33,13 @@ pub struct Ipv4Udp {
 
 impl Ipv4Udp {
     /// The headers Linux writes for a datagram sent on an unconnected UDP socket with `DF` set.
-    pub fn new(src: Ipv4Addr, src_port: u16, dst: Ipv4Addr, dst_port: u16, payload_len: usize) -> Self {
+    pub fn new(
+        src: Ipv4Addr,
+        src_port: u16,
+        dst: Ipv4Addr,
+        dst_port: u16,
+        payload_len: usize,
+    ) -> Self {
         Ipv4Udp {
             src,
             dst,

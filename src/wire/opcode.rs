@@ -84,6 +84,11 @@ impl Headers {
             + (self.immdt as usize) * immdt::LEN
             + (self.ieth as usize) * ieth::LEN
     }
+
+    /// True if the opcode has no extension headers, only the BTH.
+    pub const fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Everything the table knows about one opcode.
@@ -131,8 +136,20 @@ opcodes! {
     CNP = 0x81;
 }
 
-const fn info(service: Service, kind: Kind, position: Position, h: Headers, payload: bool) -> Option<OpInfo> {
-    Some(OpInfo { service, kind, position, headers: h, payload })
+const fn info(
+    service: Service,
+    kind: Kind,
+    position: Position,
+    h: Headers,
+    payload: bool,
+) -> Option<OpInfo> {
+    Some(OpInfo {
+        service,
+        kind,
+        position,
+        headers: h,
+        payload,
+    })
 }
 
 /// Look an opcode up. The low five bits are the operation, shared by RC and UC (IBA Table 38).
@@ -167,16 +184,54 @@ const fn lookup(op: u8) -> Option<OpInfo> {
                 0x08 => info(service, RdmaWrite, Last, n, true),
                 0x09 => info(service, RdmaWrite, Last, imm, true),
                 0x0a => info(service, RdmaWrite, Only, reth, true),
-                0x0b => info(service, RdmaWrite, Only, Headers { reth: true, immdt: true, ..n }, true),
+                0x0b => info(
+                    service,
+                    RdmaWrite,
+                    Only,
+                    Headers {
+                        reth: true,
+                        immdt: true,
+                        ..n
+                    },
+                    true,
+                ),
                 0x0c if rc_only => info(service, ReadRequest, Only, reth, false),
                 0x0d if rc_only => info(service, ReadResponse, First, aeth, true),
                 0x0e if rc_only => info(service, ReadResponse, Middle, n, true),
                 0x0f if rc_only => info(service, ReadResponse, Last, aeth, true),
                 0x10 if rc_only => info(service, ReadResponse, Only, aeth, true),
                 0x11 if rc_only => info(service, Ack, Only, aeth, false),
-                0x12 if rc_only => info(service, AtomicAck, Only, Headers { aeth: true, atomic_ack_eth: true, ..n }, false),
-                0x13 if rc_only => info(service, CompareSwap, Only, Headers { atomic_eth: true, ..n }, false),
-                0x14 if rc_only => info(service, FetchAdd, Only, Headers { atomic_eth: true, ..n }, false),
+                0x12 if rc_only => info(
+                    service,
+                    AtomicAck,
+                    Only,
+                    Headers {
+                        aeth: true,
+                        atomic_ack_eth: true,
+                        ..n
+                    },
+                    false,
+                ),
+                0x13 if rc_only => info(
+                    service,
+                    CompareSwap,
+                    Only,
+                    Headers {
+                        atomic_eth: true,
+                        ..n
+                    },
+                    false,
+                ),
+                0x14 if rc_only => info(
+                    service,
+                    FetchAdd,
+                    Only,
+                    Headers {
+                        atomic_eth: true,
+                        ..n
+                    },
+                    false,
+                ),
                 0x16 if rc_only => info(service, Send, Last, Headers { ieth: true, ..n }, true),
                 0x17 if rc_only => info(service, Send, Only, Headers { ieth: true, ..n }, true),
                 _ => None,
@@ -184,7 +239,17 @@ const fn lookup(op: u8) -> Option<OpInfo> {
         }
         Service::Ud => match op & 0x1f {
             0x04 => info(service, Send, Only, Headers { deth: true, ..n }, true),
-            0x05 => info(service, Send, Only, Headers { deth: true, immdt: true, ..n }, true),
+            0x05 => info(
+                service,
+                Send,
+                Only,
+                Headers {
+                    deth: true,
+                    immdt: true,
+                    ..n
+                },
+                true,
+            ),
             _ => None,
         },
         // CNP (0x81) carries 16 reserved bytes after the BTH; modelled as a payload.
@@ -213,7 +278,11 @@ impl Opcode {
 impl core::fmt::Debug for Opcode {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self.info() {
-            Some(i) => write!(f, "{:?}_{:?}_{:?}({:#04x})", i.service, i.kind, i.position, self.0),
+            Some(i) => write!(
+                f,
+                "{:?}_{:?}_{:?}({:#04x})",
+                i.service, i.kind, i.position, self.0
+            ),
             None => write!(f, "Opcode({:#04x})", self.0),
         }
     }
@@ -250,7 +319,9 @@ mod tests {
 
     #[test]
     fn reserved_opcodes_are_unknown() {
-        for op in [0x15u8, 0x18, 0x1f, 0x2c, 0x30, 0x60, 0x66, 0x80, 0x82, 0xc0, 0xff] {
+        for op in [
+            0x15u8, 0x18, 0x1f, 0x2c, 0x30, 0x60, 0x66, 0x80, 0x82, 0xc0, 0xff,
+        ] {
             assert!(Opcode(op).info().is_none(), "{op:#x}");
         }
         let known = (0..=255u8).filter(|&o| Opcode(o).info().is_some()).count();

@@ -1,0 +1,165 @@
+//! Helpers shared by the `verbs_*` integration tests: two endpoints over loopback with a
+//! connected RC QP pair, and bounded waits for completions.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use softrdma::transport::{
+    AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge,
+};
+use softrdma::verbs::{
+    CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair,
+    RecvWr, SendWr, WorkCompletion,
+};
+
+/// Failure bound for waits: generous, so a loaded machine never trips it.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub const ALL: AccessFlags = AccessFlags(
+    AccessFlags::LOCAL_WRITE.0
+        | AccessFlags::REMOTE_WRITE.0
+        | AccessFlags::REMOTE_READ.0
+        | AccessFlags::REMOTE_ATOMIC.0,
+);
+
+/// The loopback device (`srxe0`).
+pub fn loopback_ctx() -> Context {
+    let devs = softrdma::devices().expect("device list");
+    let dev = devs
+        .iter()
+        .find(|d| d.addr().is_loopback())
+        .expect("a loopback device");
+    dev.open().expect("open the loopback device")
+}
+
+/// One side: context, PD, CQ, QP.
+pub struct End {
+    pub ctx: Context,
+    pub pd: ProtectionDomain,
+    pub cq: CompletionQueue,
+    pub qp: QueuePair,
+}
+
+impl End {
+    pub fn new(ctx: Context) -> End {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(256, None).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap: QpCaps::default(),
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        End { ctx, pd, cq, qp }
+    }
+
+    pub fn mr(&self, len: usize) -> MemoryRegion {
+        self.pd.alloc_mr(len, ALL).unwrap()
+    }
+
+    /// Poll until one completion arrives (bounded by [`WAIT`]).
+    pub fn wait(&self) -> WorkCompletion {
+        wait_cq(&self.cq)
+    }
+
+    pub fn post_send(&self, wr_id: u64, op: SendOp, sges: &[Sge]) {
+        self.qp
+            .post_send(&[SendWr {
+                wr_id,
+                op,
+                sg_list: sges,
+                flags: SendFlags {
+                    signaled: true,
+                    ..Default::default()
+                },
+            }])
+            .unwrap();
+    }
+
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) {
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id,
+                sg_list: sges,
+            }])
+            .unwrap();
+    }
+}
+
+pub fn wait_cq(cq: &CompletionQueue) -> WorkCompletion {
+    let t0 = Instant::now();
+    let mut wc = [WorkCompletion::default()];
+    loop {
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            return wc[0];
+        }
+        assert!(t0.elapsed() < WAIT, "no completion within {WAIT:?}");
+        std::thread::yield_now();
+    }
+}
+
+pub fn sge(mr: &MemoryRegion, off: usize, len: usize) -> Sge {
+    Sge {
+        addr: mr.addr() + off as u64,
+        length: len as u32,
+        lkey: mr.lkey(),
+    }
+}
+
+/// RESET -> INIT -> RTR -> RTS towards a peer.
+pub fn connect(
+    qp: &QueuePair,
+    local_psn: u32,
+    remote_qpn: u32,
+    remote_psn: u32,
+    remote_gid: [u8; 16],
+) {
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port_num: Some(1),
+        qp_access_flags: Some(
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+        ),
+        ..Default::default()
+    })
+    .unwrap();
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Rtr),
+        path_mtu: Some(Mtu::Mtu1024),
+        dest_qp_num: Some(remote_qpn),
+        rq_psn: Some(remote_psn),
+        max_dest_rd_atomic: Some(16),
+        min_rnr_timer: Some(1),
+        ah_attr: Some(AddressVector {
+            dgid: remote_gid,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .unwrap();
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Rts),
+        sq_psn: Some(local_psn),
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(16),
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+/// Two endpoints in this process (127.0.0.x each) with connected QPs.
+pub fn pair() -> (End, End) {
+    let a = End::new(loopback_ctx());
+    let b = End::new(loopback_ctx());
+    connect(&a.qp, 100, b.qp.qp_num(), 200, b.ctx.gid());
+    connect(&b.qp, 200, a.qp.qp_num(), 100, a.ctx.gid());
+    (a, b)
+}
