@@ -200,3 +200,141 @@ mod tests {
         }
     }
 }
+
+/// Offset of the IPv4 Identification field in the CRC input (after the 8 bytes of masked LRH).
+const ID_AT: usize = 8 + 4;
+
+/// How each of the 16 bits of the IPv4 Identification field changes the ICRC of a packet whose
+/// CRC input is `len` bytes long. CRC-32 is affine: for inputs of one length,
+/// `crc(a ^ b) = crc(a) ^ crc(b) ^ crc(0)`, so flipping bit `i` of the ID flips the ICRC by a
+/// fixed `basis[i]` that depends only on the length. Cached per length (a few KiB at most).
+fn id_basis(len: usize) -> [u32; 16] {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<usize, [u32; 16]>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(b) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&len) {
+        return *b;
+    }
+    const ZEROS: [u8; 1024] = [0; 1024];
+    let crc_of = |prefix: &[u8; ID_AT + 2]| {
+        let mut h = crc32fast::Hasher::new();
+        h.update(prefix);
+        let mut rest = len - prefix.len();
+        while rest > 0 {
+            let n = rest.min(ZEROS.len());
+            h.update(&ZEROS[..n]);
+            rest -= n;
+        }
+        h.finalize()
+    };
+    let zero = crc_of(&[0; ID_AT + 2]);
+    let mut basis = [0u32; 16];
+    for (i, b) in basis.iter_mut().enumerate() {
+        let mut p = [0u8; ID_AT + 2];
+        let id = (1u16 << i).to_be_bytes();
+        p[ID_AT] = id[0];
+        p[ID_AT + 1] = id[1];
+        *b = crc_of(&p) ^ zero;
+    }
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(len, basis);
+    basis
+}
+
+/// Solve `d = XOR of basis[i] for the set bits i of x` over GF(2); `None` if no `x` fits.
+fn solve(basis: &[u32; 16], d: u32) -> Option<u16> {
+    // Gaussian elimination on (vector, combination) pairs, pivoting on the highest bit.
+    let mut rows: [(u32, u16); 16] = [(0, 0); 16];
+    for (i, b) in basis.iter().enumerate() {
+        rows[i] = (*b, 1 << i);
+    }
+    let mut pivots: Vec<(u32, u16)> = Vec::with_capacity(16);
+    for (mut v, mut c) in rows {
+        for &(pv, pc) in &pivots {
+            if v & (1 << (31 - pv.leading_zeros())) != 0 {
+                v ^= pv;
+                c ^= pc;
+            }
+        }
+        if v != 0 {
+            pivots.push((v, c));
+            // Highest leading bit first, so reduction never brings back a cleared bit.
+            pivots.sort_by_key(|p| p.0.leading_zeros());
+        }
+    }
+    let (mut d, mut x) = (d, 0u16);
+    for &(pv, pc) in &pivots {
+        if d & (1 << (31 - pv.leading_zeros())) != 0 {
+            d ^= pv;
+            x ^= pc;
+        }
+    }
+    (d == 0).then_some(x)
+}
+
+/// Verify the ICRC of a datagram received through a UDP socket, which does not show the IP
+/// header's Identification field. Linux rdma_rxe numbers its packets with an incrementing IP ID
+/// even with DF set, and the ICRC covers it (IBA A17.4.5.1 masks only TOS, TTL and checksums).
+/// `ip_udp` holds the header as far as it is known (ID 0); on success the ID that makes the ICRC
+/// match is written into it and returned. Costs one CRC of the packet plus a 16-bit GF(2) solve;
+/// it accepts a corrupted packet with probability 2^-16 instead of 2^-32.
+pub fn verify_v4_unknown_id(
+    ip_udp: &mut [u8; IPV4_LEN + UDP_LEN],
+    udp_payload: &[u8],
+) -> Result<u16, WireError> {
+    if udp_payload.len() < bth::LEN + ICRC_LEN {
+        return Err(WireError::Truncated);
+    }
+    ip_udp[4] = 0;
+    ip_udp[5] = 0;
+    let (ib, tail) = udp_payload.split_at(udp_payload.len() - ICRC_LEN);
+    let got = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+    let d = compute_v4(ip_udp, ib) ^ got;
+    if d == 0 {
+        return Ok(0);
+    }
+    let len = 8 + IPV4_LEN + UDP_LEN + ib.len();
+    let id = solve(&id_basis(len), d).ok_or(WireError::BadIcrc)?;
+    ip_udp[4..6].copy_from_slice(&id.to_be_bytes());
+    debug_assert_eq!(compute_v4(ip_udp, ib), got);
+    Ok(id)
+}
+
+#[cfg(test)]
+mod unknown_id_tests {
+    use super::*;
+
+    #[test]
+    fn recovers_any_ip_id() {
+        let mut ib = vec![0u8; 12 + 100 + 4];
+        ib[0] = 0x04; // RC SEND_ONLY
+        for (i, b) in ib[12..112].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        for id in [0u16, 1, 0x1234, 0xe6e6, 0xffff, 0x8000] {
+            let mut hdr = [0u8; 28];
+            let f = super::super::ipv4::Ipv4Udp {
+                id,
+                ..super::super::ipv4::Ipv4Udp::new(
+                    [10, 0, 0, 2].into(),
+                    49441,
+                    [10, 0, 0, 1].into(),
+                    4791,
+                    ib.len(),
+                )
+            };
+            f.emit(&mut hdr);
+            fill_v4(&hdr, &mut ib);
+            let mut guess = hdr;
+            guess[4] = 0;
+            guess[5] = 0;
+            assert_eq!(verify_v4_unknown_id(&mut guess, &ib), Ok(id));
+            assert_eq!(guess[4..6], hdr[4..6]);
+            // A corrupted payload is refused (for this packet no ID explains the change).
+            let mut bad = ib.clone();
+            bad[50] ^= 0x01;
+            let mut g2 = guess;
+            assert!(verify_v4_unknown_id(&mut g2, &bad).is_err() || g2[4..6] != hdr[4..6]);
+        }
+    }
+}
