@@ -237,7 +237,10 @@ fn id_basis(len: usize) -> [u32; 16] {
         p[ID_AT + 1] = id[1];
         *b = crc_of(&p) ^ zero;
     }
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(len, basis);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(len, basis);
     basis
 }
 
