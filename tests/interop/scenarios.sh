@@ -110,14 +110,33 @@ rc_pingpong_pair 10k      "-g 1 -n 100 -s 10000"
 rc_pingpong_pair 10k-m4096 "-g 1 -n 100 -s 10000 -m 4096"
 rc_pingpong_pair 4k-events "-g 1 -n 100 -s 4096 -e"
 
-# --- MORE SCENARIOS GO HERE ------------------------------------------------------------------------
+# --- perftest <-> kernel: one-sided WRITE/READ/atomics (examples/perftest.rs), SKIP until built. ---
 # One-sided operations against perftest without -R (QP data exchanged over TCP port 18515, GID index
-# with -x 1). Uncomment and name the host tool once it exists in examples/, e.g.:
-#
-# scenario write-bw-kernel-server role=host-client needs=TOOL \
-#   desc="kernel ib_write_bw server, softrdma client: multi-packet RDMA WRITE" \
-#   guest='ib_write_bw -d rxe0 -x 1 -F -n 20 -s 5000 & srv=$!; wait_listen 18515 && ready && wait $srv' \
-#   host='"$EX/TOOL" ... $GUEST_IP'
-#
-# ib_read_bw / ib_atomic_bw (-A FETCH_AND_ADD | CMP_AND_SWAP) follow the same shape, and the reverse
-# pair (role=host-server, host_ready='host_listening 18515', guest='ib_write_bw ... $HOST_IP').
+# with -x 1), softrdma side: examples/perftest.rs (`perftest write|read|atomic [opts] [server]`).
+# perftest_pair TAG OP ARGS SIZE ITERS [ERE]: kernel ib_OP_bw server + softrdma client (softrdma
+# issues the WRITEs/READs/atomics into kernel memory), then softrdma server + kernel client (the
+# kernel issues them into softrdma memory). Both sides print perftest's result line
+# "SIZE ITERS peak avg msgrate" (the server prints the client's report). ERE: one more line the
+# softrdma server must print.
+perftest_pair() {
+  local tag=$1 op=$2 args=$3 size=$4 n=$5 extra=${6:-}
+  local line="^ *$size +$n +[0-9.]+ +[0-9.]+[[:space:]]+[0-9.]+"
+  scenario "perftest-$tag-kernel-server" role=host-client needs=perftest timeout=90 \
+    desc="kernel ib_${op}_bw $args server in the guest, softrdma perftest $op client" \
+    guest="ib_${op}_bw -d rxe0 $args & srv=\$!; wait_listen 18515 && ready && wait \$srv" \
+    host="\"\$EX/perftest\" $op $args \$GUEST_IP" \
+    expect_guest="$line" expect_host="$line"
+  scenario "perftest-$tag-host-server" role=host-server needs=perftest timeout=90 \
+    desc="softrdma perftest $op $args server, kernel ib_${op}_bw client in the guest" \
+    host="\"\$EX/perftest\" $op $args" host_ready='host_listening 18515' \
+    guest="ib_${op}_bw -d rxe0 $args \$HOST_IP" \
+    expect_guest="$line" expect_host="$line" ${extra:+expect_host="$extra"}
+}
+perftest_pair write       write  "-x 1 -F -n 200 -s 65536"         65536 200
+perftest_pair write-m1024 write  "-x 1 -F -n 200 -s 10000 -m 1024" 10000 200
+perftest_pair read        read   "-x 1 -F -n 200 -s 65536"         65536 200
+perftest_pair read-m1024  read   "-x 1 -F -n 200 -s 10000 -m 1024" 10000 200
+# Every kernel FETCH_AND_ADD adds 1 to a zeroed 8-byte word of the softrdma server's memory.
+perftest_pair atomic-fadd atomic "-x 1 -F -n 200 -A FETCH_AND_ADD" 8     200 \
+  'atomic check: the target words sum to 200 '
+perftest_pair atomic-cas  atomic "-x 1 -F -n 200 -A CMP_AND_SWAP"  8     200

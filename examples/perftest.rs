@@ -1,0 +1,753 @@
+//! perftest's `ib_write_bw`, `ib_read_bw` and `ib_atomic_bw` for softrdma: one-sided RDMA WRITE,
+//! RDMA READ and 8-byte atomics, with perftest's out-of-band TCP exchange (no `-R`, no rdma_cm),
+//! so it interoperates with perftest (on kernel rdma_rxe) in either role.
+//!
+//! ```text
+//! cargo run --release --example perftest -- write -x 1 -s 65536 -n 1000              # server
+//! cargo run --release --example perftest -- write -x 1 -s 65536 -n 1000 127.0.0.1    # client
+//! ```
+//!
+//! The exchange, as perftest 4.5 (version string "6.06") does it on TCP port 18515; in every step
+//! the client writes first and then reads, the server reads first and then writes:
+//!
+//! 1. versions: 16 bytes, a NUL-padded string such as "6.06";
+//! 2. system data: page size (cycle buffer) and cache-line size, 4 bytes each, big-endian; both
+//!    sides take the maximum;
+//! 3. MTU: 2 bytes, the `enum ibv_mtu` value as a decimal string ("5" for 4096); both take the
+//!    smaller;
+//! 4. three key exchanges (108 bytes each): `LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID bytes:SRQN:`,
+//!    the QP being moved to RTR/RTS between the first and the second;
+//! 5. the client runs the test; then one more key exchange, the client's report (size, iters,
+//!    peak, average, message rate: 8-byte big-endian fields, one exchange each), and the close: a
+//!    last key exchange and `"done\0"` from each side.
+//!
+//! The server only lends its memory: the client's WRITEs, READs and atomics land in it.
+
+use std::io::{Read, Write};
+use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use softrdma::transport::{
+    AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus,
+};
+use softrdma::verbs::{Context, QpInitAttr, QpType, SendWr, WorkCompletion};
+
+/// What this tool claims to be in the version exchange (perftest 4.5's `VERSION`).
+const VERSION: &str = "6.06";
+const VERSION_LEN: usize = 16;
+/// The key message with a GID: `%04x:%04x:%06x:%06x:%08x:%016llx:` + 16 `%02x:` + `%08x:` + NUL.
+const KEY_MSG_SIZE_GID: usize = 108;
+const PAGE_SIZE: u32 = 4096;
+const CACHE_LINE: u32 = 64;
+const ATOMIC_ADD_VALUE: u64 = 1;
+const ATOMIC_SWAP_VALUE: u64 = 0;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Verb {
+    Write,
+    Read,
+    Atomic,
+}
+
+impl Verb {
+    fn tool(self) -> &'static str {
+        match self {
+            Verb::Write => "RDMA_Write",
+            Verb::Read => "RDMA_Read",
+            Verb::Atomic => "ATOMIC",
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AtomicType {
+    FetchAdd,
+    CmpSwap,
+}
+
+struct Opts {
+    verb: Verb,
+    port: u16,
+    ib_port: u8,
+    size: usize,
+    iters: u64,
+    mtu: Option<Mtu>,
+    gid_index: u8,
+    tx_depth: usize,
+    out_reads: Option<u32>,
+    atomic: AtomicType,
+    server: Option<String>,
+}
+
+fn usage() {
+    println!("Usage: perftest write|read|atomic [options] [server]");
+    println!("  -p, --port=<port>         TCP port of the exchange (default 18515)");
+    println!("  -d, --ib-dev=<dev>        ignored (the softrdma device is used)");
+    println!("  -i, --ib-port=<port>      port (default 1)");
+    println!("  -s, --size=<size>         message size (default 65536; atomics: 8)");
+    println!("  -n, --iters=<iters>       iterations (default 5000)");
+    println!("  -m, --mtu=<mtu>           path MTU (default: the port's active MTU)");
+    println!("  -x, --gid-index=<index>   local GID index (default 1, the IPv4 GID)");
+    println!("  -t, --tx-depth=<dep>      outstanding work requests (default 128)");
+    println!("  -o, --outs=<num>          outstanding reads/atomics (default: device maximum)");
+    println!("  -A, --atomic_type=<type>  FETCH_AND_ADD (default) or CMP_AND_SWAP");
+    println!("  -F, --CPU-freq            ignored");
+}
+
+fn parse_num(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let verb = match args.first().map(String::as_str) {
+        Some("write") => Verb::Write,
+        Some("read") => Verb::Read,
+        Some("atomic") => Verb::Atomic,
+        _ => return Err("the first argument must be write, read or atomic".into()),
+    };
+    let mut o = Opts {
+        verb,
+        port: 18515,
+        ib_port: 1,
+        size: if verb == Verb::Atomic { 8 } else { 65536 },
+        iters: 5000,
+        mtu: None,
+        gid_index: 1,
+        tx_depth: 128,
+        out_reads: None,
+        atomic: AtomicType::FetchAdd,
+        server: None,
+    };
+    let mut i = 1;
+    while i < args.len() {
+        let a = &args[i];
+        let (flag, inline): (String, Option<String>) = if let Some(long) = a.strip_prefix("--") {
+            let (name, val) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let f = match name {
+                "port" => "p",
+                "ib-dev" => "d",
+                "ib-port" => "i",
+                "size" => "s",
+                "iters" => "n",
+                "mtu" => "m",
+                "gid-index" => "x",
+                "tx-depth" => "t",
+                "outs" => "o",
+                "atomic_type" => "A",
+                "CPU-freq" => "F",
+                "help" => "h",
+                other => return Err(format!("unknown option --{other}")),
+            };
+            (f.to_string(), val)
+        } else if a.len() >= 2 && a.starts_with('-') {
+            let rest = &a[2..];
+            (
+                a[1..2].to_string(),
+                (!rest.is_empty()).then(|| rest.to_string()),
+            )
+        } else {
+            if o.server.is_some() {
+                return Err(format!("unexpected argument {a}"));
+            }
+            o.server = Some(a.clone());
+            i += 1;
+            continue;
+        };
+        match flag.as_str() {
+            "F" => {
+                i += 1;
+                continue;
+            }
+            "h" => {
+                usage();
+                std::process::exit(0);
+            }
+            "R" => return Err("-R (rdma_cm) is not supported".into()),
+            _ => {}
+        }
+        let val = match inline {
+            Some(v) => v,
+            None => {
+                i += 1;
+                args.get(i)
+                    .cloned()
+                    .ok_or(format!("-{flag} needs a value"))?
+            }
+        };
+        let num = || parse_num(&val).ok_or(format!("bad value {val} for -{flag}"));
+        match flag.as_str() {
+            "p" => o.port = u16::try_from(num()?).map_err(|_| "bad port")?,
+            "d" => {}
+            "i" => o.ib_port = u8::try_from(num()?).map_err(|_| "bad ib port")?,
+            "s" => o.size = num()? as usize,
+            "n" => o.iters = num()?,
+            "m" => o.mtu = Some(Mtu::from_bytes(num()? as usize).ok_or("MTU must be 256..4096")?),
+            "x" => o.gid_index = u8::try_from(num()?).map_err(|_| "bad GID index")?,
+            "t" => o.tx_depth = num()? as usize,
+            "o" => o.out_reads = Some(num()? as u32),
+            "A" => {
+                o.atomic = match val.as_str() {
+                    "FETCH_AND_ADD" => AtomicType::FetchAdd,
+                    "CMP_AND_SWAP" => AtomicType::CmpSwap,
+                    _ => return Err("atomic type: FETCH_AND_ADD or CMP_AND_SWAP".into()),
+                }
+            }
+            other => return Err(format!("unknown option -{other}")),
+        }
+        i += 1;
+    }
+    if o.verb == Verb::Atomic {
+        o.size = 8; // perftest's atomics are always 8 bytes
+    }
+    if o.size == 0 || o.iters == 0 || o.tx_depth == 0 {
+        return Err("size, iterations and tx depth must be positive".into());
+    }
+    o.tx_depth = o.tx_depth.min(o.iters as usize);
+    Ok(o)
+}
+
+/// One peer's connection data (perftest's `struct pingpong_dest`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Dest {
+    lid: u16,
+    out_reads: u32,
+    qpn: u32,
+    psn: u32,
+    rkey: u32,
+    vaddr: u64,
+    gid: [u8; 16],
+    srqn: u32,
+}
+
+fn key_msg(d: &Dest) -> [u8; KEY_MSG_SIZE_GID] {
+    let mut s = format!(
+        "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}",
+        d.lid, d.out_reads, d.qpn, d.psn, d.rkey, d.vaddr
+    );
+    for b in d.gid {
+        s.push_str(&format!(":{b:02x}"));
+    }
+    s.push_str(&format!(":{:08x}:", d.srqn));
+    let mut m = [0u8; KEY_MSG_SIZE_GID];
+    m[..s.len()].copy_from_slice(s.as_bytes());
+    m
+}
+
+fn parse_key_msg(m: &[u8]) -> Option<Dest> {
+    let end = m.iter().position(|&b| b == 0).unwrap_or(m.len());
+    let s = std::str::from_utf8(&m[..end]).ok()?;
+    let f: Vec<&str> = s.split(':').collect();
+    if f.len() < 23 {
+        return None;
+    }
+    let hex = |i: usize| u64::from_str_radix(f[i], 16).ok();
+    let mut gid = [0u8; 16];
+    for (k, g) in gid.iter_mut().enumerate() {
+        *g = hex(6 + k)? as u8;
+    }
+    Some(Dest {
+        lid: hex(0)? as u16,
+        out_reads: hex(1)? as u32,
+        qpn: hex(2)? as u32,
+        psn: hex(3)? as u32,
+        rkey: hex(4)? as u32,
+        vaddr: hex(5)?,
+        gid,
+        srqn: hex(22)? as u32,
+    })
+}
+
+/// The TCP side channel.
+struct Comm {
+    sock: TcpStream,
+    client: bool,
+}
+
+impl Comm {
+    /// perftest's `ctx_xchg_data`: the client writes then reads, the server reads then writes.
+    fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), String> {
+        let e = |what: &'static str| move |err: std::io::Error| format!("exchange: {what}: {err}");
+        if self.client {
+            self.sock.write_all(mine).map_err(e("write"))?;
+            self.sock.read_exact(theirs).map_err(e("read"))?;
+        } else {
+            self.sock.read_exact(theirs).map_err(e("read"))?;
+            self.sock.write_all(mine).map_err(e("write"))?;
+        }
+        Ok(())
+    }
+
+    /// perftest's `ctx_hand_shake`: one exchange of the key message.
+    fn hand_shake(&mut self, my: &Dest) -> Result<Dest, String> {
+        let mut rem = [0u8; KEY_MSG_SIZE_GID];
+        self.xchg(&key_msg(my), &mut rem)?;
+        parse_key_msg(&rem).ok_or_else(|| {
+            let end = rem.iter().position(|&b| b == 0).unwrap_or(rem.len());
+            format!(
+                "Couldn't parse line <{}>",
+                String::from_utf8_lossy(&rem[..end])
+            )
+        })
+    }
+
+    /// perftest's `ctx_close_connection`: a last handshake, then `"done\0"`.
+    fn close(mut self, my: &Dest) -> Result<(), String> {
+        self.hand_shake(my)?;
+        self.sock
+            .write_all(b"done\0")
+            .map_err(|e| format!("close: {e}"))?;
+        // Consume the peer's "done" (best effort) so that closing does not reset the connection.
+        let _ = self.sock.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut b = [0u8; 5];
+        let _ = self.sock.read_exact(&mut b);
+        Ok(())
+    }
+}
+
+/// perftest's `struct bw_report_data` (the fields it exchanges).
+#[derive(Clone, Copy, Debug, Default)]
+struct Report {
+    size: u64,
+    iters: u64,
+    bw_peak: f64,
+    bw_avg: f64,
+    msg_rate: f64,
+}
+
+fn xchg_report(comm: &mut Comm, my: &Report) -> Result<Report, String> {
+    let mut f = [0u8; 8];
+    let mut r = Report::default();
+    comm.xchg(&my.size.to_be_bytes(), &mut f)?;
+    r.size = u64::from_be_bytes(f);
+    comm.xchg(&my.iters.to_be_bytes(), &mut f)?;
+    r.iters = u64::from_be_bytes(f);
+    comm.xchg(&my.bw_peak.to_bits().to_be_bytes(), &mut f)?;
+    r.bw_peak = f64::from_bits(u64::from_be_bytes(f));
+    comm.xchg(&my.bw_avg.to_bits().to_be_bytes(), &mut f)?;
+    r.bw_avg = f64::from_bits(u64::from_be_bytes(f));
+    comm.xchg(&my.msg_rate.to_bits().to_be_bytes(), &mut f)?;
+    r.msg_rate = f64::from_bits(u64::from_be_bytes(f));
+    Ok(r)
+}
+
+const RESULT_LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+fn print_report(r: &Report) {
+    println!(
+        " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
+        r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate
+    );
+}
+
+fn print_dest(side: &str, d: &Dest) {
+    println!(
+        " {side} address: LID {:#06x} QPN {:#06x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
+        d.lid, d.qpn, d.psn, d.rkey, d.vaddr
+    );
+    let g: Vec<String> = d.gid.iter().map(|b| format!("{b:02}")).collect();
+    println!(" GID: {}  ({})", g.join(":"), Ipv6Addr::from(d.gid));
+}
+
+fn inc(size: usize, cl: usize) -> usize {
+    size.div_ceil(cl) * cl
+}
+
+fn run(o: Opts) -> Result<(), String> {
+    let devices = softrdma::devices().map_err(|e| format!("device list: {e}"))?;
+    let dev = devices.into_iter().next().ok_or("no softrdma device")?;
+    let ctx: Context = dev
+        .open()
+        .map_err(|e| format!("Couldn't get context for {}: {e}", dev.name()))?;
+    let port = ctx
+        .query_port(o.ib_port)
+        .map_err(|e| format!("query_port: {e}"))?;
+    let dev_attr = ctx.query_device();
+
+    // The out-of-band connection.
+    let mut comm = match &o.server {
+        Some(host) => Comm {
+            sock: TcpStream::connect((host.as_str(), o.port))
+                .map_err(|e| format!("Couldn't connect to {host}:{}: {e}", o.port))?,
+            client: true,
+        },
+        None => {
+            println!("\n************************************");
+            println!("* Waiting for client to connect... *");
+            println!("************************************");
+            let l = TcpListener::bind(("0.0.0.0", o.port))
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", o.port))?;
+            let (s, _) = l.accept().map_err(|e| format!("accept() failed: {e}"))?;
+            Comm {
+                sock: s,
+                client: false,
+            }
+        }
+    };
+    let _ = comm.sock.set_nodelay(true);
+
+    // Versions, system data, MTU.
+    let mut v = [0u8; VERSION_LEN];
+    v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+    let mut rv = [0u8; VERSION_LEN];
+    comm.xchg(&v, &mut rv)?;
+    let rem_version = {
+        let end = rv.iter().position(|&b| b == 0).unwrap_or(VERSION_LEN);
+        String::from_utf8_lossy(&rv[..end]).into_owned()
+    };
+    let rem_ver_num: f64 = rem_version.trim().parse().unwrap_or(0.0);
+    if rem_ver_num < 5.70 {
+        return Err(format!(
+            "remote perftest version {rem_version:?} is older than 5.70: not compatible"
+        ));
+    }
+    let mut b4 = [0u8; 4];
+    comm.xchg(&PAGE_SIZE.to_be_bytes(), &mut b4)?;
+    let cycle_buffer = PAGE_SIZE.max(u32::from_be_bytes(b4)) as usize;
+    comm.xchg(&CACHE_LINE.to_be_bytes(), &mut b4)?;
+    let cache_line = CACHE_LINE.max(u32::from_be_bytes(b4)).max(1) as usize;
+    let my_mtu = match o.mtu {
+        Some(m) if m as u8 <= port.active_mtu as u8 => m,
+        Some(_) => {
+            println!("Requested mtu is higher than active mtu ");
+            println!("Changing to active mtu - {}", port.active_mtu as u8);
+            port.active_mtu
+        }
+        None => port.active_mtu,
+    };
+    let mut m2 = [0u8; 2];
+    m2[0] = b'0' + my_mtu as u8;
+    let mut rm = [0u8; 2];
+    comm.xchg(&m2, &mut rm)?;
+    let rem_mtu = (rm[0] as char).to_digit(10).unwrap_or(0) as u8;
+    let mtu = match Mtu::from_enum(rem_mtu as u32) {
+        Some(r) if (r as u8) < (my_mtu as u8) => r,
+        _ => my_mtu,
+    };
+
+    // Resources: one MR, two halves of max(size, cycle buffer) each; the first half is the local
+    // source/target of this side's operations, the second half what the peer may access.
+    let half = inc(o.size.max(cycle_buffer), cache_line);
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| format!("Couldn't allocate PD: {e}"))?;
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mr = pd
+        .alloc_mr(2 * half, access)
+        .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    {
+        let mut g = mr.lock();
+        for (i, b) in g.iter_mut().enumerate() {
+            *b = (i as u32).wrapping_mul(2_654_435_761).to_be_bytes()[0];
+        }
+        if o.verb == Verb::Atomic {
+            g[half..].fill(0);
+        }
+    }
+    let cq = ctx
+        .create_cq(o.tx_depth as u32 + 1, None)
+        .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: QpCaps {
+                max_send_wr: o.tx_depth as u32,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        })
+        .map_err(|e| format!("Couldn't create QP: {e}"))?;
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port_num: Some(o.ib_port),
+        qp_access_flags: Some(
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+        ),
+        ..Default::default()
+    })
+    .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
+
+    let out_reads = match o.verb {
+        Verb::Write => 1,
+        _ => {
+            let max = dev_attr.max_qp_rd_atom;
+            match o.out_reads {
+                Some(n) if n > 0 && n <= max => n,
+                Some(n) if n > max => {
+                    eprintln!(" Number of outstanding reads is above max = {max}");
+                    eprintln!(" Changing to that max value");
+                    max
+                }
+                _ => max,
+            }
+        }
+    };
+    let gid = ctx
+        .query_gid(o.ib_port, o.gid_index as u32)
+        .map_err(|e| format!("query_gid {}: {e}", o.gid_index))?;
+    let mut psn_bytes = [0u8; 4];
+    getrandom_psn(&mut psn_bytes);
+    let my = Dest {
+        lid: port.lid,
+        out_reads,
+        qpn: qp.qp_num(),
+        psn: u32::from_ne_bytes(psn_bytes) & 0xff_ffff,
+        rkey: mr.rkey(),
+        vaddr: mr.addr() + half as u64,
+        gid,
+        srqn: 0,
+    };
+
+    println!("{RESULT_LINE}");
+    println!(
+        "                    {} BW Test (softrdma)",
+        o.verb.tool().replace('_', " ")
+    );
+    println!(" Number of qps   : 1\t\tTransport type : IB");
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" TX depth        : {}", o.tx_depth);
+    if o.verb != Verb::Write {
+        println!(" Outstand reads  : {out_reads}");
+    }
+    if o.verb == Verb::Atomic {
+        println!(
+            " Atomic Type     : {}",
+            match o.atomic {
+                AtomicType::FetchAdd => "FETCH_AND_ADD",
+                AtomicType::CmpSwap => "CMP_AND_SWAP",
+            }
+        );
+    }
+    println!(" Mtu             : {}[B]", mtu.bytes());
+    println!(" Link type       : Ethernet");
+    println!(" GID index       : {}", o.gid_index);
+    println!(" Remote version  : {rem_version}");
+    println!("{RESULT_LINE}");
+
+    let rem = comm.hand_shake(&my)?;
+    let v4 = |g: &[u8; 16]| g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff;
+    if v4(&my.gid) != v4(&rem.gid) {
+        return Err("Found Incompatibility issue with GID types.".into());
+    }
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Rtr),
+        path_mtu: Some(mtu),
+        dest_qp_num: Some(rem.qpn),
+        rq_psn: Some(rem.psn),
+        max_dest_rd_atomic: Some(my.out_reads.min(255) as u8),
+        min_rnr_timer: Some(12),
+        ah_attr: Some(AddressVector {
+            dlid: rem.lid,
+            dgid: rem.gid,
+            sgid_index: o.gid_index,
+            hop_limit: 0xff,
+            port_num: o.ib_port,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Rts),
+        sq_psn: Some(my.psn),
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(rem.out_reads.clamp(1, 128) as u8),
+        ..Default::default()
+    })
+    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    print_dest("local", &my);
+    comm.hand_shake(&my)?;
+    print_dest("remote", &rem);
+    // The additional handshake once both QPs are past RTR.
+    comm.hand_shake(&my)?;
+
+    println!("{RESULT_LINE}");
+    println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
+
+    if comm.client {
+        let my_rep = run_client(&o, &qp, &cq, &mr, half, cycle_buffer, cache_line, &rem)?;
+        print_report(&my_rep);
+        println!("{RESULT_LINE}");
+        comm.hand_shake(&my)?;
+        xchg_report(&mut comm, &my_rep)?;
+        comm.close(&my)?;
+    } else {
+        // The server only waits for the client to finish: its memory is the target.
+        comm.hand_shake(&my)?;
+        let rep = xchg_report(&mut comm, &Report::default())?;
+        print_report(&rep);
+        comm.close(&my)?;
+        println!("{RESULT_LINE}");
+        if o.verb == Verb::Atomic && o.atomic == AtomicType::FetchAdd {
+            // Every FETCH_AND_ADD added 1 to an 8-byte word of the zeroed target half.
+            let g = mr.lock();
+            let sum: u64 = g[half..]
+                .chunks_exact(8)
+                .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+                .sum();
+            println!(
+                " atomic check: the target words sum to {sum} (client reported {} iterations)",
+                rep.iters
+            );
+        }
+    }
+    Ok(())
+}
+
+fn getrandom_psn(b: &mut [u8; 4]) {
+    // Any value will do; mix the clock and the pid.
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ ((std::process::id() as u64) << 20);
+    *b = ((t ^ (t >> 29)) as u32)
+        .wrapping_mul(0x9e37_79b9)
+        .to_ne_bytes();
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_client(
+    o: &Opts,
+    qp: &softrdma::verbs::QueuePair,
+    cq: &softrdma::verbs::CompletionQueue,
+    mr: &softrdma::verbs::MemoryRegion,
+    half: usize,
+    cycle_buffer: usize,
+    cache_line: usize,
+    rem: &Dest,
+) -> Result<Report, String> {
+    // Like perftest, walk the remote (and local) address through the cycle buffer in cache-line
+    // aligned steps; messages larger than the cycle buffer always use offset 0.
+    let step = inc(o.size, cache_line);
+    let region = o.size.max(cycle_buffer);
+    let offset_of = |k: u64| -> usize {
+        let slots = (region / step).max(1);
+        (k as usize % slots) * step
+    };
+    let _ = half;
+    let mut posted: u64 = 0;
+    let mut done: u64 = 0;
+    let mut wcs = vec![WorkCompletion::default(); o.tx_depth.max(16)];
+    let start = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut first_done: Option<Instant> = None;
+    while done < o.iters {
+        while posted < o.iters && (posted - done) < o.tx_depth as u64 {
+            let off = offset_of(posted);
+            let sge = [Sge {
+                addr: mr.addr() + off as u64,
+                length: o.size as u32,
+                lkey: mr.lkey(),
+            }];
+            let remote_addr = rem.vaddr + off as u64;
+            let op = match o.verb {
+                Verb::Write => SendOp::RdmaWrite {
+                    remote_addr,
+                    rkey: rem.rkey,
+                },
+                Verb::Read => SendOp::RdmaRead {
+                    remote_addr,
+                    rkey: rem.rkey,
+                },
+                Verb::Atomic => match o.atomic {
+                    AtomicType::FetchAdd => SendOp::FetchAdd {
+                        remote_addr,
+                        rkey: rem.rkey,
+                        add: ATOMIC_ADD_VALUE,
+                    },
+                    AtomicType::CmpSwap => SendOp::CompareSwap {
+                        remote_addr,
+                        rkey: rem.rkey,
+                        compare: 0,
+                        swap: ATOMIC_SWAP_VALUE,
+                    },
+                },
+            };
+            qp.post_send(&[SendWr {
+                wr_id: posted,
+                op,
+                sg_list: &sge,
+                flags: SendFlags {
+                    signaled: true,
+                    ..Default::default()
+                },
+            }])
+            .map_err(|e| format!("Couldn't post send: scnt={posted}: {e}"))?;
+            posted += 1;
+        }
+        let n = cq
+            .poll(&mut wcs)
+            .map_err(|e| format!("poll CQ failed: {e}"))?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "Completion with error at client: wr_id {} status {} ({:?})",
+                    wc.wr_id,
+                    wc.status.as_str(),
+                    wc.opcode
+                ));
+            }
+        }
+        if n > 0 {
+            done += n as u64;
+            first_done.get_or_insert_with(Instant::now);
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() > Duration::from_secs(30) {
+            return Err(format!(
+                "no completion for 30 s ({done} of {} done, {posted} posted)",
+                o.iters
+            ));
+        }
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let bytes = o.size as f64 * o.iters as f64;
+    let bw_avg = bytes / secs / (1u64 << 20) as f64;
+    Ok(Report {
+        size: o.size as u64,
+        iters: o.iters,
+        // No per-completion cycle counters here: the peak is the average.
+        bw_peak: bw_avg,
+        bw_avg,
+        msg_rate: o.iters as f64 / secs / 1e6,
+    })
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("perftest: {e}");
+            usage();
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("perftest: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
