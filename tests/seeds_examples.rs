@@ -33,7 +33,9 @@ fn example(name: &str) -> PathBuf {
         let Some(hash) = file.strip_prefix(&format!("{name}-")) else {
             continue;
         };
-        let hash = hash.strip_suffix(std::env::consts::EXE_SUFFIX).unwrap_or(hash);
+        let hash = hash
+            .strip_suffix(std::env::consts::EXE_SUFFIX)
+            .unwrap_or(hash);
         if hash.is_empty() || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
             continue;
         }
