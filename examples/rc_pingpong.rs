@@ -235,7 +235,7 @@ impl Pingpong {
             sg_list: &sge,
         };
         for i in 0..n {
-            if self.qp.post_recv(&[wr.clone()]).is_err() {
+            if self.qp.post_recv(std::slice::from_ref(&wr)).is_err() {
                 return i;
             }
         }
