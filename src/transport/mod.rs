@@ -2,6 +2,7 @@
 //! and completions. No sockets, no clocks, no threads (see [`rc::RcQp`] for the call order).
 
 pub mod memory;
+mod modify;
 pub mod rc;
 pub mod sim;
 pub mod types;

@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::transport::memory::MemoryAccess;
+use crate::transport::modify::check_transition;
 use crate::transport::rc::{PostError, QpError};
 use crate::transport::types::*;
 use crate::wire::{bth, deth::GSI_QKEY, Bth, Deth, Kind, Opcode, Packet, Psn, Service};
@@ -299,28 +300,7 @@ impl UdQp {
     /// RTR→RTS needs `sq_psn`; `qkey` may change in most states.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), QpError> {
         let cur = self.state;
-        if let Some(c) = attr.cur_qp_state {
-            if c != cur {
-                return Err(QpError::WrongCurrentState {
-                    expected: c,
-                    actual: cur,
-                });
-            }
-        }
-        let next = attr.qp_state.unwrap_or(cur);
-        let (required, optional) = transition(cur, next).ok_or(QpError::InvalidTransition {
-            from: cur,
-            to: next,
-        })?;
-        let mask = ud_mask(attr)?;
-        for (bit, name) in NAMES {
-            if required & bit != 0 && mask & bit == 0 {
-                return Err(QpError::MissingAttr(name));
-            }
-            if mask & bit != 0 && (required | optional) & bit == 0 {
-                return Err(QpError::UnexpectedAttr(name));
-            }
-        }
+        let next = check_transition(cur, attr, transition, ud_mask(attr)?, NAMES.iter().copied())?;
         if attr.port_num.is_some_and(|p| p != 1) {
             return Err(QpError::BadAttr("port_num"));
         }

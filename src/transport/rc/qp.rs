@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::transport::memory::MemoryAccess;
+use crate::transport::modify::check_transition;
 use crate::transport::types::*;
 use crate::wire::{Kind, Packet, Psn, Service};
 
@@ -268,32 +269,8 @@ impl RcQp {
     pub fn modify(&mut self, attr: &QpAttr, now: Instant) -> Result<(), QpError> {
         let _ = now;
         let cur = self.state;
-        if let Some(c) = attr.cur_qp_state {
-            if c != cur {
-                return Err(QpError::WrongCurrentState {
-                    expected: c,
-                    actual: cur,
-                });
-            }
-        }
-        let next = attr.qp_state.unwrap_or(cur);
-        let (required, optional) = transition(cur, next).ok_or(QpError::InvalidTransition {
-            from: cur,
-            to: next,
-        })?;
-        let mask = attr_mask(attr);
-        for (i, name) in ATTR_NAMES.iter().enumerate() {
-            let bit = 1u32 << i;
-            if required & bit != 0 && mask & bit == 0 {
-                return Err(QpError::MissingAttr(name));
-            }
-        }
-        for (i, name) in ATTR_NAMES.iter().enumerate() {
-            let bit = 1u32 << i;
-            if mask & bit != 0 && (required | optional) & bit == 0 {
-                return Err(QpError::UnexpectedAttr(name));
-            }
-        }
+        let names = ATTR_NAMES.iter().enumerate().map(|(i, n)| (1u32 << i, *n));
+        let next = check_transition(cur, attr, transition, attr_mask(attr), names)?;
         // Ranges (IBA 11.2.4.2, rxe_qp_chk_attr).
         if attr.retry_cnt.is_some_and(|v| v > 7) {
             return Err(QpError::BadAttr("retry_cnt"));
