@@ -338,38 +338,16 @@ fn run(o: Opts) -> Res<()> {
     if o.iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    let timeout = Duration::from_secs(o.timeout);
-    match (&o.host, o.server) {
-        (Some(_), true) => Err("give either --server or a host, not both".into()),
-        (None, true) => {
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|e| format!("couldn't listen on port {}: {e}", o.port))?;
-            server(l, &o)
-        }
-        (Some(h), false) => client(connect_tcp(h, o.port, timeout)?, &o),
-        (None, false) => {
-            println!("epoll_loop: loopback mode (server thread + client, two contexts)");
-            let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("tcp bind: {e}"))?;
-            let port = l.local_addr().map_err(|e| e.to_string())?.port();
-            let so = o.clone();
-            let srv = std::thread::spawn(move || server(l, &so));
-            // A failed client returns at once (exiting the process ends the server thread).
-            connect_tcp("127.0.0.1", port, timeout).and_then(|s| client(s, &o))?;
-            srv.join()
-                .map_err(|_| "server thread panicked".to_string())?
-        }
-    }
+    let roles = Roles {
+        name: "epoll_loop",
+        host: o.host.as_deref(),
+        server: o.server,
+        port: o.port,
+        timeout: Duration::from_secs(o.timeout),
+    };
+    run_roles(roles, &o, server, client)
 }
 
 fn main() -> ExitCode {
-    match run(Opts::parse()) {
-        Ok(()) => {
-            println!("epoll_loop: OK");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("epoll_loop: FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    finish("epoll_loop", run(Opts::parse()))
 }

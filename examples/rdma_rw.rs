@@ -195,38 +195,16 @@ fn run(o: Opts) -> Res<()> {
     if o.size == 0 || o.size > u32::MAX as usize {
         return Err("--size must be between 1 and 2^32-1".into());
     }
-    let timeout = Duration::from_secs(o.timeout);
-    match (&o.host, o.server) {
-        (Some(_), true) => Err("give either --server or a host, not both".into()),
-        (None, true) => {
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|e| format!("couldn't listen on port {}: {e}", o.port))?;
-            server(l, &o)
-        }
-        (Some(h), false) => client(connect_tcp(h, o.port, timeout)?, &o),
-        (None, false) => {
-            println!("rdma_rw: loopback mode (server thread + client, two contexts)");
-            let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("tcp bind: {e}"))?;
-            let port = l.local_addr().map_err(|e| e.to_string())?.port();
-            let so = o.clone();
-            let srv = std::thread::spawn(move || server(l, &so));
-            // A failed client returns at once (exiting the process ends the server thread).
-            connect_tcp("127.0.0.1", port, timeout).and_then(|s| client(s, &o))?;
-            srv.join()
-                .map_err(|_| "server thread panicked".to_string())?
-        }
-    }
+    let roles = Roles {
+        name: "rdma_rw",
+        host: o.host.as_deref(),
+        server: o.server,
+        port: o.port,
+        timeout: Duration::from_secs(o.timeout),
+    };
+    run_roles(roles, &o, server, client)
 }
 
 fn main() -> ExitCode {
-    match run(Opts::parse()) {
-        Ok(()) => {
-            println!("rdma_rw: OK");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("rdma_rw: FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    finish("rdma_rw", run(Opts::parse()))
 }

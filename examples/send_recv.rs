@@ -162,39 +162,16 @@ fn run(o: Opts) -> Res<()> {
     if o.iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    let timeout = Duration::from_secs(o.timeout);
-    match (&o.host, o.server) {
-        (Some(_), true) => Err("give either --server or a host, not both".into()),
-        (None, true) => {
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|e| format!("couldn't listen on port {}: {e}", o.port))?;
-            server(l, &o)
-        }
-        (Some(h), false) => client(connect_tcp(h, o.port, timeout)?, &o),
-        (None, false) => {
-            println!("send_recv: loopback mode (server thread + client, two contexts)");
-            let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("tcp bind: {e}"))?;
-            let port = l.local_addr().map_err(|e| e.to_string())?.port();
-            let so = o.clone();
-            let srv = std::thread::spawn(move || server(l, &so));
-            // A failed client returns at once (exiting the process ends the server thread).
-            connect_tcp("127.0.0.1", port, timeout).and_then(|s| client(s, &o))?;
-            srv.join()
-                .map_err(|_| "server thread panicked".to_string())?
-        }
-    }
+    let roles = Roles {
+        name: "send_recv",
+        host: o.host.as_deref(),
+        server: o.server,
+        port: o.port,
+        timeout: Duration::from_secs(o.timeout),
+    };
+    run_roles(roles, &o, server, client)
 }
 
 fn main() -> ExitCode {
-    let o = Opts::parse();
-    match run(o) {
-        Ok(()) => {
-            println!("send_recv: OK");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("send_recv: FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    finish("send_recv", run(Opts::parse()))
 }

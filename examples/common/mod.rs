@@ -327,3 +327,59 @@ pub fn check(name: &str, wc: WorkCompletion) -> Res<WorkCompletion> {
     }
     Ok(wc)
 }
+
+/// How an example was asked to run.
+pub struct Roles<'a> {
+    pub name: &'static str,
+    pub host: Option<&'a str>,
+    pub server: bool,
+    pub port: u16,
+    pub timeout: Duration,
+}
+
+/// Run the server role (`--server`), the client role (`<host>`), or with neither both roles in
+/// one process over loopback: a server thread and the client, each with its own context.
+pub fn run_roles<O: Clone + Send + 'static>(
+    r: Roles<'_>,
+    o: &O,
+    server: fn(TcpListener, &O) -> Res<()>,
+    client: fn(TcpStream, &O) -> Res<()>,
+) -> Res<()> {
+    match (r.host, r.server) {
+        (Some(_), true) => Err("give either --server or a host, not both".into()),
+        (None, true) => {
+            let l = TcpListener::bind(("0.0.0.0", r.port))
+                .map_err(|e| format!("couldn't listen on port {}: {e}", r.port))?;
+            server(l, o)
+        }
+        (Some(h), false) => client(connect_tcp(h, r.port, r.timeout)?, o),
+        (None, false) => {
+            println!(
+                "{}: loopback mode (server thread + client, two contexts)",
+                r.name
+            );
+            let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("tcp bind: {e}"))?;
+            let port = l.local_addr().map_err(|e| e.to_string())?.port();
+            let so = o.clone();
+            let srv = std::thread::spawn(move || server(l, &so));
+            // A failed client returns at once (exiting the process ends the server thread).
+            connect_tcp("127.0.0.1", port, r.timeout).and_then(|s| client(s, o))?;
+            srv.join()
+                .map_err(|_| "server thread panicked".to_string())?
+        }
+    }
+}
+
+/// Print the outcome as `NAME: OK` or `NAME: FAILED: why` and turn it into an exit code.
+pub fn finish(name: &str, r: Res<()>) -> std::process::ExitCode {
+    match r {
+        Ok(()) => {
+            println!("{name}: OK");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{name}: FAILED: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
