@@ -6,7 +6,7 @@ use softrdma::wire::ethernet;
 use softrdma::wire::icrc;
 use softrdma::wire::pcap::PcapSlice;
 
-fn check(path: &str) -> usize {
+fn check(path: &str, accepted_corrupt: &mut usize) -> usize {
     let data = std::fs::read(path).unwrap();
     let mut n = 0;
     let mut nonzero = 0;
@@ -19,14 +19,15 @@ fn check(path: &str) -> usize {
         let id = icrc::verify_v4_unknown_id(&mut hidden, payload).unwrap();
         assert_eq!(id.to_be_bytes(), [hdr[4], hdr[5]], "{path} record {n}");
         assert_eq!(hidden, hdr);
-        // Any single flipped payload bit is caught (the 16 ID bits can't explain it here).
+        // A flipped payload bit is refused, unless some other ID happens to explain it (the
+        // check is 16 bits strong here, not 32): count those and bound them below.
         let mut bad = payload.to_vec();
         let at = bad.len() / 2;
         bad[at] ^= 0x10;
         let mut h2 = hdr;
-        match icrc::verify_v4_unknown_id(&mut h2, &bad) {
-            Err(_) => {}
-            Ok(other) => assert_ne!(other.to_be_bytes(), [hdr[4], hdr[5]]),
+        if let Ok(other) = icrc::verify_v4_unknown_id(&mut h2, &bad) {
+            assert_ne!(other.to_be_bytes(), [hdr[4], hdr[5]], "{path} record {n}");
+            *accepted_corrupt += 1;
         }
         nonzero += (id != 0) as usize;
         n += 1;
@@ -37,6 +38,18 @@ fn check(path: &str) -> usize {
 
 #[test]
 fn kernel_packets_verify_without_seeing_the_ip_id() {
-    assert_eq!(check("tests/data/rxe-basic.pcap"), 413);
-    assert_eq!(check("tests/data/rxe-loss-mtu4096.pcap"), 2567);
+    let mut accepted_corrupt = 0;
+    assert_eq!(
+        check("tests/data/rxe-basic.pcap", &mut accepted_corrupt),
+        413
+    );
+    assert_eq!(
+        check("tests/data/rxe-loss-mtu4096.pcap", &mut accepted_corrupt),
+        2567
+    );
+    // 2,980 corruptions at 2^-16 each: about 0.05 expected to slip through.
+    assert!(
+        accepted_corrupt <= 1,
+        "{accepted_corrupt} corrupted packets accepted"
+    );
 }
