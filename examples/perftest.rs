@@ -23,6 +23,8 @@
 //!
 //! The server only lends its memory: the client's WRITEs, READs and atomics land in it.
 
+mod getopt;
+
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
@@ -95,15 +97,6 @@ fn usage() {
     println!("  -F, --CPU-freq            ignored");
 }
 
-fn parse_num(s: &str) -> Option<u64> {
-    let s = s.trim();
-    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        u64::from_str_radix(h, 16).ok()
-    } else {
-        s.parse().ok()
-    }
-}
-
 fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verb = match args.first().map(String::as_str) {
@@ -111,6 +104,24 @@ fn parse_args() -> Result<Opts, String> {
         Some("read") => Verb::Read,
         Some("atomic") => Verb::Atomic,
         _ => return Err("the first argument must be write, read or atomic".into()),
+    };
+    let spec = getopt::Spec {
+        with_value: "pdisnmxtoA",
+        flags: "FhR",
+        long: &[
+            ("port", 'p'),
+            ("ib-dev", 'd'),
+            ("ib-port", 'i'),
+            ("size", 's'),
+            ("iters", 'n'),
+            ("mtu", 'm'),
+            ("gid-index", 'x'),
+            ("tx-depth", 't'),
+            ("outs", 'o'),
+            ("atomic_type", 'A'),
+            ("CPU-freq", 'F'),
+            ("help", 'h'),
+        ],
     };
     let mut o = Opts {
         verb,
@@ -125,77 +136,36 @@ fn parse_args() -> Result<Opts, String> {
         atomic: AtomicType::FetchAdd,
         server: None,
     };
-    let mut i = 1;
-    while i < args.len() {
-        let a = &args[i];
-        let (flag, inline): (String, Option<String>) = if let Some(long) = a.strip_prefix("--") {
-            let (name, val) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (long, None),
-            };
-            let f = match name {
-                "port" => "p",
-                "ib-dev" => "d",
-                "ib-port" => "i",
-                "size" => "s",
-                "iters" => "n",
-                "mtu" => "m",
-                "gid-index" => "x",
-                "tx-depth" => "t",
-                "outs" => "o",
-                "atomic_type" => "A",
-                "CPU-freq" => "F",
-                "help" => "h",
-                other => return Err(format!("unknown option --{other}")),
-            };
-            (f.to_string(), val)
-        } else if a.len() >= 2 && a.starts_with('-') {
-            let rest = &a[2..];
-            (
-                a[1..2].to_string(),
-                (!rest.is_empty()).then(|| rest.to_string()),
-            )
-        } else {
-            if o.server.is_some() {
-                return Err(format!("unexpected argument {a}"));
-            }
-            o.server = Some(a.clone());
-            i += 1;
-            continue;
-        };
-        match flag.as_str() {
-            "F" => {
-                i += 1;
+    for arg in getopt::parse(&args[1..], &spec)? {
+        let (opt, val) = match arg {
+            getopt::Arg::Positional(host) if o.server.is_none() => {
+                o.server = Some(host);
                 continue;
             }
-            "h" => {
+            getopt::Arg::Positional(a) => return Err(format!("unexpected argument {a}")),
+            getopt::Arg::Opt(opt, val) => (opt, val.unwrap_or_default()),
+        };
+        let num = || {
+            getopt::c_num(&val)
+                .and_then(|v| u64::try_from(v).ok())
+                .ok_or(format!("bad value {val} for -{opt}"))
+        };
+        match opt {
+            'F' | 'd' => {}
+            'h' => {
                 usage();
                 std::process::exit(0);
             }
-            "R" => return Err("-R (rdma_cm) is not supported".into()),
-            _ => {}
-        }
-        let val = match inline {
-            Some(v) => v,
-            None => {
-                i += 1;
-                args.get(i)
-                    .cloned()
-                    .ok_or(format!("-{flag} needs a value"))?
-            }
-        };
-        let num = || parse_num(&val).ok_or(format!("bad value {val} for -{flag}"));
-        match flag.as_str() {
-            "p" => o.port = u16::try_from(num()?).map_err(|_| "bad port")?,
-            "d" => {}
-            "i" => o.ib_port = u8::try_from(num()?).map_err(|_| "bad ib port")?,
-            "s" => o.size = num()? as usize,
-            "n" => o.iters = num()?,
-            "m" => o.mtu = Some(Mtu::from_bytes(num()? as usize).ok_or("MTU must be 256..4096")?),
-            "x" => o.gid_index = u8::try_from(num()?).map_err(|_| "bad GID index")?,
-            "t" => o.tx_depth = num()? as usize,
-            "o" => o.out_reads = Some(num()? as u32),
-            "A" => {
+            'R' => return Err("-R (rdma_cm) is not supported".into()),
+            'p' => o.port = u16::try_from(num()?).map_err(|_| "bad port")?,
+            'i' => o.ib_port = u8::try_from(num()?).map_err(|_| "bad ib port")?,
+            's' => o.size = num()? as usize,
+            'n' => o.iters = num()?,
+            'm' => o.mtu = Some(Mtu::from_bytes(num()? as usize).ok_or("MTU must be 256..4096")?),
+            'x' => o.gid_index = u8::try_from(num()?).map_err(|_| "bad GID index")?,
+            't' => o.tx_depth = num()? as usize,
+            'o' => o.out_reads = Some(num()? as u32),
+            'A' => {
                 o.atomic = match val.as_str() {
                     "FETCH_AND_ADD" => AtomicType::FetchAdd,
                     "CMP_AND_SWAP" => AtomicType::CmpSwap,
@@ -204,7 +174,6 @@ fn parse_args() -> Result<Opts, String> {
             }
             other => return Err(format!("unknown option -{other}")),
         }
-        i += 1;
     }
     if o.verb == Verb::Atomic {
         o.size = 8; // perftest's atomics are always 8 bytes
@@ -504,13 +473,11 @@ fn run(o: Opts) -> Result<(), String> {
     let gid = ctx
         .query_gid(o.ib_port, o.gid_index as u32)
         .map_err(|e| format!("query_gid {}: {e}", o.gid_index))?;
-    let mut psn_bytes = [0u8; 4];
-    getrandom_psn(&mut psn_bytes);
     let my = Dest {
         lid: port.lid,
         out_reads,
         qpn: qp.qp_num(),
-        psn: u32::from_ne_bytes(psn_bytes) & 0xff_ffff,
+        psn: getopt::random_psn(),
         rkey: mr.rkey(),
         vaddr: mr.addr() + half as u64,
         gid,
@@ -613,18 +580,6 @@ fn run(o: Opts) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn getrandom_psn(b: &mut [u8; 4]) {
-    // Any value will do; mix the clock and the pid.
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-        ^ ((std::process::id() as u64) << 20);
-    *b = ((t ^ (t >> 29)) as u32)
-        .wrapping_mul(0x9e37_79b9)
-        .to_ne_bytes();
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -18,6 +18,8 @@ use softrdma::verbs::{
     CompletionChannel, Context, QpInitAttr, QpType, RecvWr, SendWr, WorkCompletion,
 };
 
+mod getopt;
+
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
 /// `sizeof "0000:000000:000000:00000000000000000000000000000000"`, NUL included.
@@ -55,9 +57,25 @@ fn usage(argv0: &str) {
     println!("  -g, --gid-idx=<gid index> local port gid index");
 }
 
-/// getopt_long-style parsing of `p:d:i:s:m:r:n:l:eg:` and the long names.
+/// `getopt_long(argc, argv, "p:d:i:s:m:r:n:l:eg:", ...)` as `ibv_rc_pingpong` parses it.
 fn parse_args() -> Result<Opts, ()> {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let spec = getopt::Spec {
+        with_value: "pdismrnlg",
+        flags: "e",
+        long: &[
+            ("port", 'p'),
+            ("ib-dev", 'd'),
+            ("ib-port", 'i'),
+            ("size", 's'),
+            ("mtu", 'm'),
+            ("rx-depth", 'r'),
+            ("iters", 'n'),
+            ("sl", 'l'),
+            ("events", 'e'),
+            ("gid-idx", 'g'),
+        ],
+    };
     let mut o = Opts {
         port: 18515,
         ib_dev: None,
@@ -71,90 +89,31 @@ fn parse_args() -> Result<Opts, ()> {
         gidx: -1,
         server: None,
     };
-    let mut positional = Vec::new();
-    let mut i = 1;
-    while i < args.len() {
-        let a = &args[i];
-        let (flag, inline): (String, Option<String>) = if let Some(long) = a.strip_prefix("--") {
-            let (name, val) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (long, None),
-            };
-            let f = match name {
-                "port" => "p",
-                "ib-dev" => "d",
-                "ib-port" => "i",
-                "size" => "s",
-                "mtu" => "m",
-                "rx-depth" => "r",
-                "iters" => "n",
-                "sl" => "l",
-                "events" => "e",
-                "gid-idx" => "g",
-                _ => return Err(()),
-            };
-            (f.to_string(), val)
-        } else if a.len() >= 2 && a.starts_with('-') {
-            let f = a[1..2].to_string();
-            let rest = &a[2..];
-            (
-                f,
-                if rest.is_empty() {
-                    None
-                } else {
-                    Some(rest.to_string())
-                },
-            )
-        } else {
-            positional.push(a.clone());
-            i += 1;
-            continue;
-        };
-        if flag == "e" {
-            o.events = true;
-            i += 1;
-            continue;
-        }
-        let val = match inline {
-            Some(v) => v,
-            None => {
-                i += 1;
-                args.get(i).cloned().ok_or(())?
+    for arg in getopt::parse(&args, &spec).map_err(|_| ())? {
+        let (opt, val) = match arg {
+            getopt::Arg::Positional(host) if o.server.is_none() => {
+                o.server = Some(host);
+                continue;
             }
+            getopt::Arg::Positional(_) => return Err(()),
+            getopt::Arg::Opt(opt, val) => (opt, val.unwrap_or_default()),
         };
-        let num = || parse_c_int(&val).ok_or(());
-        match flag.as_str() {
-            "p" => o.port = u16::try_from(num()?).map_err(|_| ())?,
-            "d" => o.ib_dev = Some(val.clone()),
-            "i" => o.ib_port = u8::try_from(num()?).map_err(|_| ())?.max(1),
-            "s" => o.size = num()? as usize,
-            "m" => o.mtu = Mtu::from_bytes(num()? as usize).ok_or(())?,
-            "r" => o.rx_depth = num()? as usize,
-            "n" => o.iters = num()? as usize,
-            "l" => o.sl = num()? as u8,
-            "g" => o.gidx = num()? as i32,
+        let num = || getopt::c_num(&val).ok_or(());
+        match opt {
+            'e' => o.events = true,
+            'p' => o.port = u16::try_from(num()?).map_err(|_| ())?,
+            'd' => o.ib_dev = Some(val.clone()),
+            'i' => o.ib_port = u8::try_from(num()?).map_err(|_| ())?.max(1),
+            's' => o.size = num()? as usize,
+            'm' => o.mtu = Mtu::from_bytes(num()? as usize).ok_or(())?,
+            'r' => o.rx_depth = num()? as usize,
+            'n' => o.iters = num()? as usize,
+            'l' => o.sl = num()? as u8,
+            'g' => o.gidx = num()? as i32,
             _ => return Err(()),
         }
-        i += 1;
-    }
-    match positional.len() {
-        0 => {}
-        1 => o.server = Some(positional.remove(0)),
-        _ => return Err(()),
     }
     Ok(o)
-}
-
-/// `strtol(s, NULL, 0)`: decimal, 0x hex or 0 octal.
-fn parse_c_int(s: &str) -> Option<i64> {
-    let s = s.trim();
-    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        i64::from_str_radix(h, 16).ok()
-    } else if s.len() > 1 && s.starts_with('0') {
-        i64::from_str_radix(&s[1..], 8).ok()
-    } else {
-        s.parse().ok()
-    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -421,7 +380,7 @@ fn run(o: Opts) -> Result<(), String> {
     let my = Dest {
         lid: port.lid,
         qpn: pp.qp.qp_num(),
-        psn: random_psn(),
+        psn: getopt::random_psn(),
         gid,
     };
     println!(
@@ -523,12 +482,6 @@ fn run(o: Opts) -> Result<(), String> {
     );
     pp.cq.ack_events(num_cq_events);
     Ok(())
-}
-
-fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    getrandom::getrandom(&mut b).expect("getrandom");
-    u32::from_le_bytes(b) & 0xff_ffff
 }
 
 fn main() -> ExitCode {
