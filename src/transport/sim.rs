@@ -74,23 +74,14 @@ impl VecMemory {
 
     /// Register `len` zeroed bytes at a fresh, page-aligned address.
     pub fn register(&self, len: usize, access: AccessFlags) -> MemRegion {
-        let mut g = self.inner.lock().unwrap();
-        let addr = g.next_addr;
-        g.next_addr = (addr + len as u64 + 0x2000) & !0xfff;
-        g.next_key += 1;
-        let key = (g.next_key << 8) | 0x5a;
-        g.regions.push(Some(Region {
-            key,
-            addr,
-            access,
-            data: vec![0; len],
-        }));
-        MemRegion {
-            addr,
-            len: len as u64,
-            lkey: key,
-            rkey: key,
-        }
+        let (addr, key) = {
+            let mut g = self.inner.lock().unwrap();
+            let addr = g.next_addr;
+            g.next_addr = (addr + len as u64 + 0x2000) & !0xfff;
+            g.next_key += 1;
+            (addr, (g.next_key << 8) | 0x5a)
+        };
+        self.register_at(addr, len, key, access)
     }
 
     /// Register `len` zeroed bytes at a given address under a given key (to mirror another
