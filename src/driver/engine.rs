@@ -10,8 +10,11 @@ use std::time::Instant;
 
 use super::capture::Capture;
 use super::socket::Io;
-use crate::transport::{CqSide, QpState, RcQp};
-use crate::verbs::{ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, VerbsError};
+use crate::rdma_cm::core::{CmaCore, ModifyQp};
+use crate::transport::{CqSide, QpAttr, QpState, RcQp};
+use crate::verbs::{
+    guid_from_ipv4, ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, VerbsError,
+};
 use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
 use crate::wire::{icrc, Packet, ROCE_V2_PORT};
 
@@ -51,6 +54,10 @@ pub(crate) struct Engine {
     dirty: Vec<u32>,
     capture: Option<Capture>,
     pub stats: Stats,
+    /// rdma_cm over the GSI QP1 of this device.
+    pub cma: CmaCore,
+    /// A GSI packet or a CM timer made work for `flush_cma`.
+    cma_pending: bool,
 }
 
 impl Engine {
@@ -67,6 +74,8 @@ impl Engine {
             dirty: Vec::with_capacity(64),
             capture,
             stats: Stats::default(),
+            cma: CmaCore::new(local, guid_from_ipv4(local)),
+            cma_pending: false,
         })
     }
 
@@ -99,7 +108,11 @@ impl Engine {
 
     /// The earliest timer of any QP.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|s| s.rc.poll_timeout()).min()
+        self.qps
+            .values()
+            .filter_map(|s| s.rc.poll_timeout())
+            .chain(self.cma.poll_timeout())
+            .min()
     }
 
     /// One round: receive what is waiting, fire due timers, transmit and complete.
@@ -130,7 +143,28 @@ impl Engine {
                 }
             }
         }
-        let dirty = std::mem::take(&mut self.dirty);
+        if self.cma.poll_timeout().is_some_and(|t| t <= now) {
+            self.cma.cm.handle_timeout(now);
+            self.cma_pending = true;
+        }
+        if self.cma_pending || crate::rdma_cm::core::sweep_due(&self.cma) {
+            self.cma_pending = false;
+            self.flush_cma(io, local, now);
+        }
+        self.flush_dirty(io, mrs, events, local, now);
+    }
+
+    /// Flush every QP that received, timed out or changed state; report a QP the transport
+    /// moved to ERR as `IBV_EVENT_QP_FATAL`.
+    pub fn flush_dirty(
+        &mut self,
+        io: &Io,
+        mrs: &MrTable,
+        events: &AsyncQueue,
+        local: Ipv4Addr,
+        now: Instant,
+    ) {
+        let mut dirty = std::mem::take(&mut self.dirty);
         for &qpn in &dirty {
             self.flush_qp(qpn, io, mrs, local, now);
             if let Some(slot) = self.qps.get_mut(&qpn) {
@@ -141,6 +175,7 @@ impl Engine {
                 slot.last_state = st;
             }
         }
+        dirty.clear();
         self.dirty = dirty;
     }
 
@@ -177,6 +212,12 @@ impl Engine {
             }
         };
         let qpn = pkt.bth.dest_qpn;
+        if qpn == 1 {
+            // GSI: connection management MADs.
+            self.cma.on_gsi_packet(now, *from.ip(), &pkt);
+            self.cma_pending = true;
+            return;
+        }
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qp += 1;
             return;
@@ -218,6 +259,48 @@ impl Engine {
                 CqSide::Send => slot.send_cq.push(c),
                 CqSide::Recv => slot.recv_cq.push(c),
             }
+        }
+    }
+}
+
+impl Engine {
+    /// Run `f` on the rdma_cm core with a way to change QP states (the changed QPs are flushed
+    /// by the next [`Engine::flush_cma`]).
+    pub fn with_cma<R>(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut CmaCore, ModifyQp<'_>, Instant) -> R,
+    ) -> R {
+        let Engine {
+            cma, qps, dirty, ..
+        } = self;
+        let mut modify = |qpn: u32, a: &QpAttr| -> bool {
+            let Some(s) = qps.get_mut(&qpn) else {
+                return false;
+            };
+            let ok = s.rc.modify(a, now).is_ok();
+            // A change the CM asked for is not a fatal error of the transport.
+            s.last_state = s.rc.state();
+            if !dirty.contains(&qpn) {
+                dirty.push(qpn);
+            }
+            ok
+        };
+        f(cma, &mut modify, now)
+    }
+
+    /// Deliver the CM's events (moving QPs as they say), send its MADs, and flush the QPs it
+    /// changed.
+    pub fn flush_cma(&mut self, io: &Io, local: Ipv4Addr, now: Instant) {
+        self.with_cma(now, |core, modify, now| core.process(now, modify));
+        while let Some((dst, mut pkt)) = self.cma.poll_transmit() {
+            let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
+            Ipv4Udp::new(local, ROCE_V2_PORT, dst, ROCE_V2_PORT, pkt.len()).emit(&mut hdr);
+            icrc::fill_v4(&hdr, &mut pkt);
+            if let Some(c) = &mut self.capture {
+                c.record(&hdr, &pkt, false);
+            }
+            send(io, &pkt, SocketAddrV4::new(dst, ROCE_V2_PORT), &mut self.stats);
         }
     }
 }

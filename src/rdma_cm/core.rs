@@ -1,0 +1,521 @@
+//! The rdma_cm half that lives in a device's engine (like the kernel's `cma.c` over `cm.c`):
+//! the IB CM endpoint of the device's GSI QP1, the device's listeners and connections by comm
+//! ID, and the translation of IB CM events into rdma_cm events and QP state changes. Everything
+//! here runs under the engine lock, so the QP transitions and the CM state move together.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use super::event::{ConnParam, EventParam, EventType, RawEvent};
+use super::id::{CmId, Handle, IdInner, Phase};
+use crate::cm::manager::{
+    CmConfig, CmEvent as IbEvent, CmId as IbId, CmManager, ConnState, ConnectRequestInfo,
+    EstablishedInfo,
+};
+use crate::cm::mad::MAD_LEN;
+use crate::cm::service_id;
+use crate::transport::{AccessFlags, AddressVector, Mtu, QpAttr, QpState};
+use crate::verbs::{gid_from_ipv4, ipv4_from_gid, Context, Shared};
+use crate::wire::Packet;
+
+/// Bumped whenever an id is destroyed, so each core sweeps its tables soon after.
+pub(crate) static DESTROY_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// rdma_cm's local ACK timeout over RoCE: packet lifetime 18 + 1 (`cm_init_av_by_path`).
+pub(crate) const QP_TIMEOUT: u8 = 19;
+/// RNR NAK timer this side's QPs advertise (0.64 ms).
+pub(crate) const MIN_RNR_TIMER: u8 = 12;
+
+/// A QP state change the core asks the engine to make: `(qpn, attributes)`; false if it failed.
+pub(crate) type ModifyQp<'a> = &'a mut dyn FnMut(u32, &QpAttr) -> bool;
+
+struct Listener {
+    handle: Weak<Handle>,
+    inner: Arc<IdInner>,
+    backlog: usize,
+}
+
+struct ConnRec {
+    handle: Weak<Handle>,
+    inner: Arc<IdInner>,
+    listen_sid: Option<u64>,
+}
+
+impl ConnRec {
+    fn alive(&self) -> Option<CmId> {
+        if self.inner.is_destroyed() {
+            return None;
+        }
+        self.handle.upgrade().map(CmId)
+    }
+}
+
+pub(crate) struct CmaCore {
+    pub cm: CmManager,
+    local: Ipv4Addr,
+    shared: Option<Weak<Shared>>,
+    listeners: HashMap<u64, Listener>,
+    conns: HashMap<u32, ConnRec>,
+    gen_seen: u64,
+    psn: u32,
+    /// GSI packets received and sent.
+    pub gsi_rx: u64,
+    pub gsi_tx: u64,
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::getrandom(&mut b);
+    u64::from_ne_bytes(b)
+}
+
+impl CmaCore {
+    pub fn new(local: Ipv4Addr, node_guid: u64) -> Self {
+        let r = random_u64();
+        CmaCore {
+            cm: CmManager::new(CmConfig {
+                local_gid: gid_from_ipv4(local),
+                local_ca_guid: node_guid,
+                hi_tid: (r >> 32) as u32 | 1,
+                seed: random_u64(),
+            }),
+            local,
+            shared: None,
+            listeners: HashMap::new(),
+            conns: HashMap::new(),
+            gen_seen: 0,
+            psn: r as u32 & 0x00ff_ffff,
+            gsi_rx: 0,
+            gsi_tx: 0,
+        }
+    }
+
+    /// Remember the context this core belongs to (ids of incoming connections get it).
+    pub fn attach(&mut self, ctx: &Context) {
+        if self.shared.is_none() {
+            self.shared = Some(Arc::downgrade(&ctx.shared));
+        }
+    }
+
+    fn context(&self) -> Option<Context> {
+        self.shared
+            .as_ref()
+            .and_then(|w| w.upgrade())
+            .map(|shared| Context { shared })
+    }
+
+    /// A packet to QP1 from `src_ip`.
+    pub fn on_gsi_packet(&mut self, now: Instant, src_ip: Ipv4Addr, pkt: &Packet<'_>) {
+        self.gsi_rx += 1;
+        self.cm.handle_gsi_packet(now, gid_from_ipv4(src_ip), pkt);
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.cm.poll_timeout()
+    }
+
+    /// The next MAD to send as a GSI packet (BTH to ICRC, ICRC to fill) and its destination.
+    pub fn poll_transmit(&mut self) -> Option<(Ipv4Addr, Vec<u8>)> {
+        loop {
+            let (dest, mad) = self.cm.poll_transmit()?;
+            let Some(ip) = ipv4_from_gid(&dest.gid) else {
+                continue;
+            };
+            let psn = self.psn;
+            self.psn = (self.psn + 1) & 0x00ff_ffff;
+            self.gsi_tx += 1;
+            return Some((ip, crate::cm::manager::gsi_packet(&dest, &mad, psn)));
+        }
+    }
+
+    pub fn add_listener(
+        &mut self,
+        sid: u64,
+        handle: Weak<Handle>,
+        inner: Arc<IdInner>,
+        backlog: usize,
+    ) -> bool {
+        if let Some(l) = self.listeners.get(&sid) {
+            if l.handle.strong_count() > 0 && !l.inner.is_destroyed() {
+                return false;
+            }
+            self.listeners.remove(&sid);
+            self.cm.unlisten(sid);
+        }
+        if self.cm.listen(sid).is_err() {
+            return false;
+        }
+        self.listeners.insert(
+            sid,
+            Listener {
+                handle,
+                inner,
+                backlog,
+            },
+        );
+        true
+    }
+
+    pub fn remove_listener(&mut self, sid: u64) {
+        if self.listeners.remove(&sid).is_some() {
+            self.cm.unlisten(sid);
+        }
+    }
+
+    pub fn add_conn(&mut self, id: IbId, handle: Weak<Handle>, inner: Arc<IdInner>) {
+        self.conns.insert(
+            id.0,
+            ConnRec {
+                handle,
+                inner,
+                listen_sid: None,
+            },
+        );
+    }
+
+    pub fn remove_conn(&mut self, id: IbId) {
+        self.conns.remove(&id.0);
+    }
+
+    /// Turn the IB CM's events into rdma_cm events and QP transitions; tear down what
+    /// destroyed ids left. Returns the QPs whose state changed.
+    pub fn process(&mut self, now: Instant, modify: ModifyQp<'_>) {
+        let mut touched = Vec::new();
+        let gen = DESTROY_GEN.load(Ordering::Acquire);
+        if gen != self.gen_seen {
+            self.gen_seen = gen;
+            self.sweep(now);
+        }
+        while let Some(ev) = self.cm.poll_event() {
+            match ev {
+                IbEvent::ConnectRequest(info) => self.on_connect_request(info),
+                IbEvent::Established { id, info } => {
+                    self.on_established(now, id, info, modify, &mut touched)
+                }
+                IbEvent::Rejected {
+                    id,
+                    reason,
+                    private_data,
+                } => {
+                    let param = EventParam::Conn(ConnParam {
+                        private_data,
+                        ..zero_param()
+                    });
+                    self.finish(id, Phase::Idle, EventType::Rejected, reason.code() as i32, param);
+                }
+                IbEvent::Unreachable { id } => {
+                    self.finish(id, Phase::Idle, EventType::Unreachable, -libc::ETIMEDOUT, EventParam::None)
+                }
+                IbEvent::ConnectError { id } => self.finish(
+                    id,
+                    Phase::Idle,
+                    EventType::ConnectError,
+                    -libc::ECONNRESET,
+                    EventParam::None,
+                ),
+                IbEvent::Disconnected { id, private_data } => {
+                    let Some(rec) = self.conns.get(&id.0) else { continue };
+                    let Some(cid) = rec.alive() else { continue };
+                    let mut st = rec.inner.state();
+                    let already = st.phase == Phase::Disconnected;
+                    st.phase = Phase::Disconnected;
+                    if let Some(qpn) = st.qpn {
+                        let a = QpAttr {
+                            qp_state: Some(QpState::Err),
+                            ..Default::default()
+                        };
+                        if modify(qpn, &a) {
+                            touched.push(qpn);
+                        }
+                    }
+                    drop(st);
+                    if !already {
+                        let param = EventParam::Conn(ConnParam {
+                            private_data,
+                            ..zero_param()
+                        });
+                        push(&rec.inner, RawEvent::new(cid, EventType::Disconnected, 0, param));
+                    }
+                }
+                IbEvent::TimewaitExit { id } => {
+                    if let Some(rec) = self.conns.remove(&id.0) {
+                        if let Some(cid) = rec.alive() {
+                            rec.inner.state().conn = None;
+                            push(
+                                &rec.inner,
+                                RawEvent::new(cid, EventType::TimewaitExit, 0, EventParam::None),
+                            );
+                        }
+                    }
+                }
+                #[allow(unreachable_patterns)]
+                _ => {}
+            }
+        }
+    }
+
+    /// REJECTED, UNREACHABLE, CONNECT_ERROR: the connection is over before it began.
+    fn finish(&mut self, id: IbId, phase: Phase, ev: EventType, status: i32, param: EventParam) {
+        let Some(rec) = self.conns.remove(&id.0) else { return };
+        let Some(cid) = rec.alive() else { return };
+        {
+            let mut st = rec.inner.state();
+            st.phase = phase;
+            st.conn = None;
+        }
+        push(&rec.inner, RawEvent::new(cid, ev, status, param));
+    }
+
+    fn on_connect_request(&mut self, info: ConnectRequestInfo) {
+        let id = info.id;
+        let listener = self
+            .listeners
+            .get(&info.service_id)
+            .and_then(|l| {
+                if l.inner.is_destroyed() {
+                    return None;
+                }
+                l.handle.upgrade().map(|h| (CmId(h), l.inner.clone(), l.backlog))
+            });
+        let Some((lid, linner, backlog)) = listener else {
+            let _ = self.cm.reject(id, &[]);
+            return;
+        };
+        let pending = self
+            .conns
+            .values()
+            .filter(|c| {
+                c.listen_sid == Some(info.service_id) && c.inner.state().phase == Phase::ConnectRequest
+            })
+            .count();
+        let ctx = self.context();
+        let (Some(ctx), true) = (ctx, pending < backlog.max(1)) else {
+            let _ = self.cm.reject(id, &[]);
+            return;
+        };
+        let port = service_id::split(info.service_id).map_or(0, |(_, p)| p);
+        let local = SocketAddrV4::new(self.local, port);
+        let remote = info
+            .cma
+            .as_ref()
+            .and_then(|h| match h.src_ip() {
+                Some(std::net::IpAddr::V4(a)) => Some(SocketAddrV4::new(a, h.src_port)),
+                _ => None,
+            })
+            .or_else(|| ipv4_from_gid(&info.peer.gid).map(|a| SocketAddrV4::new(a, 0)));
+        let child = IdInner::child(&linner, ctx, local, remote, id, info.clone());
+        let handle = Arc::new(Handle::new(child.clone()));
+        self.conns.insert(
+            id.0,
+            ConnRec {
+                handle: Arc::downgrade(&handle),
+                inner: child.clone(),
+                listen_sid: Some(info.service_id),
+            },
+        );
+        let param = EventParam::Conn(ConnParam {
+            private_data: info.private_data.clone(),
+            // From this side's point of view (as ib_cm's cm_format_req_event swaps them).
+            responder_resources: info.initiator_depth,
+            initiator_depth: info.responder_resources,
+            flow_control: info.flow_control,
+            retry_count: info.retry_count,
+            rnr_retry_count: info.rnr_retry_count,
+            srq: info.srq,
+            qp_num: info.remote_qpn,
+        });
+        let mut ev = RawEvent::new(CmId(handle), EventType::ConnectRequest, 0, param);
+        ev.listen_id = Some(lid);
+        push(&linner, ev);
+    }
+
+    fn on_established(
+        &mut self,
+        now: Instant,
+        id: IbId,
+        info: EstablishedInfo,
+        modify: ModifyQp<'_>,
+        touched: &mut Vec<u32>,
+    ) {
+        let _ = now;
+        let Some(rec) = self.conns.get(&id.0) else { return };
+        let Some(cid) = rec.alive() else {
+            return;
+        };
+        let inner = rec.inner.clone();
+        let mut st = inner.state();
+        let mut param = zero_param();
+        param.private_data = info.private_data.clone();
+        param.qp_num = info.remote_qpn;
+        if st.phase == Phase::Connecting {
+            // Active side: the REP settled the path; move the QP to RTS (the RTU is out).
+            param.responder_resources = info.initiator_depth;
+            param.initiator_depth = info.responder_resources;
+            param.rnr_retry_count = info.rnr_retry_count;
+            param.srq = info.srq;
+            let ok = match st.qpn {
+                Some(qpn) => {
+                    let t = Transition {
+                        qpn,
+                        peer_gid: st.peer_gid(),
+                        remote_qpn: info.remote_qpn,
+                        rq_psn: st.rq_psn,
+                        sq_psn: info.remote_psn,
+                        mtu: st.mtu,
+                        max_dest_rd_atomic: st.param.responder_resources,
+                        max_rd_atomic: st.param.initiator_depth.min(info.responder_resources),
+                        retry_cnt: st.param.retry_count,
+                        rnr_retry: info.rnr_retry_count,
+                        flow_label: st.flow_label,
+                    };
+                    touched.push(qpn);
+                    t.run(modify)
+                }
+                None => true,
+            };
+            if !ok {
+                st.phase = Phase::Idle;
+                st.conn = None;
+                drop(st);
+                let _ = self.cm.disconnect(now, id, &[]);
+                push(
+                    &inner,
+                    RawEvent::new(cid, EventType::ConnectError, -libc::EINVAL, EventParam::None),
+                );
+                return;
+            }
+        } else if st.phase != Phase::Accepting {
+            return;
+        }
+        st.phase = Phase::Established;
+        drop(st);
+        push(
+            &inner,
+            RawEvent::new(cid, EventType::Established, 0, EventParam::Conn(param)),
+        );
+    }
+
+    /// Connections and listeners whose id was destroyed: answer the peer as Linux's
+    /// `ib_destroy_cm_id` does (DREQ, DREP or REJ), then forget them.
+    fn sweep(&mut self, now: Instant) {
+        let dead: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, r)| r.handle.strong_count() == 0 || r.inner.is_destroyed())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in dead {
+            self.conns.remove(&k);
+            let id = IbId(k);
+            match self.cm.conn_info(id).map(|c| c.state) {
+                Some(ConnState::Established | ConnState::DreqRcvd) => {
+                    let _ = self.cm.disconnect(now, id, &[]);
+                }
+                Some(
+                    ConnState::ReqSent
+                    | ConnState::MraReqRcvd
+                    | ConnState::ReqRcvd
+                    | ConnState::MraReqSent
+                    | ConnState::RepSent
+                    | ConnState::MraRepRcvd,
+                ) => {
+                    let _ = self.cm.reject(id, &[]);
+                }
+                _ => {}
+            }
+        }
+        let dead: Vec<u64> = self
+            .listeners
+            .iter()
+            .filter(|(_, l)| l.handle.strong_count() == 0 || l.inner.is_destroyed())
+            .map(|(k, _)| *k)
+            .collect();
+        for sid in dead {
+            self.remove_listener(sid);
+        }
+    }
+}
+
+/// An id was destroyed since `core` last swept.
+pub(crate) fn sweep_due(core: &CmaCore) -> bool {
+    DESTROY_GEN.load(Ordering::Acquire) != core.gen_seen
+}
+
+fn zero_param() -> ConnParam {
+    ConnParam {
+        private_data: Vec::new(),
+        responder_resources: 0,
+        initiator_depth: 0,
+        flow_control: false,
+        retry_count: 0,
+        rnr_retry_count: 0,
+        srq: false,
+        qp_num: 0,
+    }
+}
+
+fn push(owner: &Arc<IdInner>, ev: RawEvent) {
+    if let Some(ch) = owner.channel.upgrade() {
+        ch.push(ev);
+    }
+}
+
+/// INIT → RTR → RTS for a connected RC QP, with what the CM settled.
+pub(crate) struct Transition {
+    pub qpn: u32,
+    pub peer_gid: [u8; 16],
+    pub remote_qpn: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub mtu: Mtu,
+    pub max_dest_rd_atomic: u8,
+    pub max_rd_atomic: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub flow_label: u32,
+}
+
+impl Transition {
+    pub fn run(&self, modify: ModifyQp<'_>) -> bool {
+        let mut access = AccessFlags::REMOTE_WRITE;
+        if self.max_dest_rd_atomic > 0 {
+            access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        }
+        let rtr = QpAttr {
+            qp_state: Some(QpState::Rtr),
+            path_mtu: Some(self.mtu),
+            dest_qp_num: Some(self.remote_qpn),
+            rq_psn: Some(self.rq_psn),
+            max_dest_rd_atomic: Some(self.max_dest_rd_atomic),
+            min_rnr_timer: Some(MIN_RNR_TIMER),
+            qp_access_flags: Some(access),
+            ah_attr: Some(AddressVector {
+                dgid: self.peer_gid,
+                sgid_index: 1,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: self.flow_label,
+                dlid: 0,
+                sl: 0,
+                port_num: 1,
+            }),
+            ..Default::default()
+        };
+        let rts = QpAttr {
+            qp_state: Some(QpState::Rts),
+            sq_psn: Some(self.sq_psn),
+            timeout: Some(QP_TIMEOUT),
+            retry_cnt: Some(self.retry_cnt.min(7)),
+            rnr_retry: Some(self.rnr_retry.min(7)),
+            max_rd_atomic: Some(self.max_rd_atomic),
+            ..Default::default()
+        };
+        modify(self.qpn, &rtr) && modify(self.qpn, &rts)
+    }
+}
+
+
+const _: () = assert!(MAD_LEN == 256);

@@ -1,0 +1,53 @@
+//! Errors of the rdma_cm calls, each with the errno librdmacm would set.
+
+use crate::verbs::VerbsError;
+
+/// An rdma_cm call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CmaError {
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    #[error("the id is in state {0}, which does not allow this")]
+    InvalidState(&'static str),
+    #[error("address already in use")]
+    AddrInUse,
+    #[error("address not available on this host: {0}")]
+    AddrNotAvailable(std::net::Ipv4Addr),
+    #[error("no ephemeral port left")]
+    NoPorts,
+    #[error("private data of {len} bytes is larger than {max}")]
+    PrivateDataTooLong { len: usize, max: usize },
+    #[error("no RDMA device")]
+    NoDevice,
+    #[error("no event is waiting (non-blocking channel)")]
+    WouldBlock,
+    #[error("the id still has {0} event(s) not acknowledged")]
+    Busy(u64),
+    #[error("the QP is on another device than the id")]
+    WrongDevice,
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl CmaError {
+    /// The errno librdmacm sets for this failure.
+    pub fn errno(&self) -> i32 {
+        match self {
+            CmaError::InvalidArgument(_) | CmaError::InvalidState(_) => libc::EINVAL,
+            CmaError::AddrInUse => libc::EADDRINUSE,
+            CmaError::AddrNotAvailable(_) => libc::EADDRNOTAVAIL,
+            CmaError::NoPorts => libc::EADDRNOTAVAIL,
+            CmaError::PrivateDataTooLong { .. } => libc::EINVAL,
+            CmaError::NoDevice => libc::ENODEV,
+            CmaError::WouldBlock => libc::EAGAIN,
+            CmaError::Busy(_) => libc::EBUSY,
+            CmaError::WrongDevice => libc::EINVAL,
+            CmaError::Verbs(e) => e.errno(),
+            CmaError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, CmaError>;

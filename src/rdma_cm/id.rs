@@ -1,0 +1,701 @@
+//! rdma_cm ids (`struct rdma_cm_id`): bind, listen, resolve, connect, accept, reject,
+//! disconnect, and a QP the CM moves through its states.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use super::channel::ChannelInner;
+use super::core::{CmaCore, ModifyQp, Transition, DESTROY_GEN};
+use super::error::{CmaError, Result};
+use super::event::{ConnParam, EventParam, EventType, RawEvent};
+use super::route;
+use crate::cm::manager::{AcceptParams, CmId as IbId, ConnectParams, ConnectRequestInfo};
+use crate::cm::private_data::CMA_HDR_LEN;
+use crate::cm::service_id::PortSpace;
+use crate::cm::{rej, rep, req};
+use crate::transport::{AccessFlags, Mtu, QpAttr, QpState};
+use crate::verbs::{gid_from_ipv4, Context, ProtectionDomain, QpInitAttr, QueuePair};
+
+/// Where an id is in its life (librdmacm's `enum rdma_cm_state`, simplified).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Phase {
+    Idle,
+    Bound,
+    AddrResolved,
+    RouteResolved,
+    Listening,
+    Connecting,
+    ConnectRequest,
+    Accepting,
+    Established,
+    Disconnecting,
+    Disconnected,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Bound => "bound",
+            Phase::AddrResolved => "address resolved",
+            Phase::RouteResolved => "route resolved",
+            Phase::Listening => "listening",
+            Phase::Connecting => "connecting",
+            Phase::ConnectRequest => "connect request",
+            Phase::Accepting => "accepting",
+            Phase::Established => "established",
+            Phase::Disconnecting => "disconnecting",
+            Phase::Disconnected => "disconnected",
+        }
+    }
+}
+
+pub(crate) struct IdState {
+    pub phase: Phase,
+    pub ctx: Option<Context>,
+    pub listen_ctxs: Vec<Context>,
+    pub reservation: Option<(Ipv4Addr, u16)>,
+    pub local: Option<SocketAddrV4>,
+    pub remote: Option<SocketAddrV4>,
+    pub qpn: Option<u32>,
+    pub conn: Option<IbId>,
+    pub listen_sid: Option<u64>,
+    pub rq_psn: u32,
+    pub mtu: Mtu,
+    pub flow_label: u32,
+    pub param: ConnParam,
+    pub req: Option<ConnectRequestInfo>,
+}
+
+impl IdState {
+    pub fn peer_gid(&self) -> [u8; 16] {
+        match (&self.req, self.remote) {
+            (Some(r), _) => r.peer.gid,
+            (None, Some(a)) => gid_from_ipv4(*a.ip()),
+            _ => [0; 16],
+        }
+    }
+}
+
+#[derive(Default)]
+struct EvCount {
+    reported: u64,
+    acked: u64,
+}
+
+pub(crate) struct IdInner {
+    pub ps: PortSpace,
+    pub channel: Weak<ChannelInner>,
+    st: Mutex<IdState>,
+    destroyed: AtomicBool,
+    ev: Mutex<EvCount>,
+    ev_cv: Condvar,
+}
+
+impl IdInner {
+    fn new(channel: Weak<ChannelInner>, ps: PortSpace, st: IdState) -> Arc<IdInner> {
+        Arc::new(IdInner {
+            ps,
+            channel,
+            st: Mutex::new(st),
+            destroyed: AtomicBool::new(false),
+            ev: Mutex::new(EvCount::default()),
+            ev_cv: Condvar::new(),
+        })
+    }
+
+    /// The id of an incoming connection, on `listener`'s channel.
+    pub(crate) fn child(
+        listener: &Arc<IdInner>,
+        ctx: Context,
+        local: SocketAddrV4,
+        remote: Option<SocketAddrV4>,
+        conn: IbId,
+        req: ConnectRequestInfo,
+    ) -> Arc<IdInner> {
+        let mtu = req
+            .path_mtu
+            .unwrap_or(Mtu::Mtu1024)
+            .min(ctx.device().active_mtu());
+        let st = IdState {
+            phase: Phase::ConnectRequest,
+            mtu,
+            flow_label: req.primary_path.flow_label,
+            ctx: Some(ctx),
+            local: Some(local),
+            remote,
+            conn: Some(conn),
+            req: Some(req),
+            ..blank_state()
+        };
+        IdInner::new(listener.channel.clone(), listener.ps, st)
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, IdState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn event_reported(&self) {
+        self.ev.lock().unwrap_or_else(|p| p.into_inner()).reported += 1;
+    }
+
+    pub(crate) fn event_acked(&self) {
+        let mut e = self.ev.lock().unwrap_or_else(|p| p.into_inner());
+        e.acked += 1;
+        drop(e);
+        self.ev_cv.notify_all();
+    }
+
+    fn unacked(&self) -> u64 {
+        let e = self.ev.lock().unwrap_or_else(|p| p.into_inner());
+        e.reported - e.acked
+    }
+
+    /// Mark destroyed, give back the port, and have the device cores answer the peer.
+    fn teardown(&self) {
+        if self.destroyed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (res, ctxs) = {
+            let mut st = self.state();
+            let mut ctxs = std::mem::take(&mut st.listen_ctxs);
+            ctxs.extend(st.ctx.clone());
+            (st.reservation.take(), ctxs)
+        };
+        if let Some((a, p)) = res {
+            route::release_port(self.ps, a, p);
+        }
+        DESTROY_GEN.fetch_add(1, Ordering::AcqRel);
+        for c in ctxs {
+            c.shared.io.wake();
+        }
+    }
+}
+
+fn blank_state() -> IdState {
+    IdState {
+        phase: Phase::Idle,
+        ctx: None,
+        listen_ctxs: Vec::new(),
+        reservation: None,
+        local: None,
+        remote: None,
+        qpn: None,
+        conn: None,
+        listen_sid: None,
+        rq_psn: 0,
+        mtu: Mtu::Mtu1024,
+        flow_label: 0,
+        param: ConnParam::default(),
+        req: None,
+    }
+}
+
+/// The one owner of an id's lifetime: when the last [`CmId`] clone (events included) goes, the
+/// id is destroyed.
+pub(crate) struct Handle {
+    inner: Arc<IdInner>,
+}
+
+impl Handle {
+    pub(crate) fn new(inner: Arc<IdInner>) -> Handle {
+        Handle { inner }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.inner.teardown();
+    }
+}
+
+/// An rdma_cm id. Clones refer to the same id; it is destroyed by [`CmId::destroy`] or when the
+/// last clone (including those in events) is dropped.
+#[derive(Clone)]
+pub struct CmId(pub(crate) Arc<Handle>);
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.inner().state();
+        f.debug_struct("CmId")
+            .field("ps", &self.inner().ps)
+            .field("state", &st.phase)
+            .field("local", &st.local)
+            .field("remote", &st.remote)
+            .field("qpn", &st.qpn)
+            .finish()
+    }
+}
+
+impl PartialEq for CmId {
+    fn eq(&self, o: &CmId) -> bool {
+        Arc::ptr_eq(&self.0.inner, &o.0.inner)
+    }
+}
+impl Eq for CmId {}
+
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = getrandom::getrandom(&mut b);
+    u32::from_ne_bytes(b) & 0x00ff_ffff
+}
+
+fn v4(a: SocketAddr) -> Result<SocketAddrV4> {
+    match a {
+        SocketAddr::V4(a) => Ok(a),
+        SocketAddr::V6(_) => Err(CmaError::InvalidArgument("only IPv4 addresses are supported")),
+    }
+}
+
+impl CmId {
+    pub(crate) fn new(channel: &Arc<ChannelInner>, ps: PortSpace) -> Result<CmId> {
+        if !matches!(ps, PortSpace::Tcp) {
+            return Err(CmaError::InvalidArgument(
+                "port space not supported (RDMA_PS_TCP only)",
+            ));
+        }
+        let inner = IdInner::new(Arc::downgrade(channel), ps, blank_state());
+        Ok(CmId(Arc::new(Handle::new(inner))))
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<IdInner> {
+        &self.0.inner
+    }
+
+    fn push(&self, ev: EventType, status: i32) {
+        if let Some(ch) = self.inner().channel.upgrade() {
+            ch.push(RawEvent::new(self.clone(), ev, status, EventParam::None));
+        }
+    }
+
+    fn check_phase(st: &IdState, ok: &[Phase]) -> Result<()> {
+        if ok.contains(&st.phase) {
+            Ok(())
+        } else {
+            Err(CmaError::InvalidState(st.phase.name()))
+        }
+    }
+
+    /// The port space.
+    pub fn port_space(&self) -> PortSpace {
+        self.inner().ps
+    }
+
+    /// The device context the id is bound to (`id->verbs`): after a bind to a specific address,
+    /// address resolution, or for an incoming connection. Allocate PDs and CQs on it.
+    pub fn context(&self) -> Option<Context> {
+        self.inner().state().ctx.clone()
+    }
+
+    /// `rdma_get_local_addr`.
+    pub fn local_addr(&self) -> Option<SocketAddrV4> {
+        self.inner().state().local
+    }
+
+    /// `rdma_get_peer_addr`.
+    pub fn peer_addr(&self) -> Option<SocketAddrV4> {
+        self.inner().state().remote
+    }
+
+    /// The QP created with [`CmId::create_qp`], if any.
+    pub fn qp_num(&self) -> Option<u32> {
+        self.inner().state().qpn
+    }
+
+    /// `rdma_bind_addr`: port 0 picks an ephemeral port ([`CmId::local_addr`] tells which);
+    /// address 0.0.0.0 binds every device.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        let addr = v4(addr)?;
+        let mut st = self.inner().state();
+        Self::check_phase(&st, &[Phase::Idle])?;
+        let ip = *addr.ip();
+        let ctx = if ip.is_unspecified() {
+            None
+        } else {
+            let c = route::context_for_local(ip)?;
+            if c.addr() != ip {
+                // A loopback address another process's endpoint holds.
+                return Err(CmaError::AddrInUse);
+            }
+            Some(c)
+        };
+        let port = route::bind_port(self.inner().ps, ip, addr.port())?;
+        st.reservation = Some((ip, port));
+        st.local = Some(SocketAddrV4::new(ip, port));
+        st.ctx = ctx;
+        st.phase = Phase::Bound;
+        Ok(())
+    }
+
+    /// `rdma_listen`: report CONNECT_REQUEST for connections to the bound port; at most
+    /// `backlog` of them wait for accept/reject at a time (more are rejected).
+    pub fn listen(&self, backlog: usize) -> Result<()> {
+        let (ctxs, sid) = {
+            let st = self.inner().state();
+            Self::check_phase(&st, &[Phase::Bound])?;
+            let local = st.local.expect("bound");
+            let ctxs = match &st.ctx {
+                Some(c) => vec![c.clone()],
+                None => route::all_contexts()?,
+            };
+            (ctxs, self.inner().ps.service_id(local.port()))
+        };
+        let mut done: Vec<Context> = Vec::new();
+        for c in &ctxs {
+            let ok = c.with_cma(|core, _, _| {
+                core.attach(c);
+                core.add_listener(sid, Arc::downgrade(&self.0), self.inner().clone(), backlog)
+            })?;
+            if !ok {
+                for d in &done {
+                    let _ = d.with_cma(|core, _, _| core.remove_listener(sid));
+                }
+                return Err(CmaError::AddrInUse);
+            }
+            done.push(c.clone());
+        }
+        let mut st = self.inner().state();
+        st.listen_ctxs = ctxs;
+        st.listen_sid = Some(sid);
+        st.phase = Phase::Listening;
+        Ok(())
+    }
+
+    /// `rdma_resolve_addr`: pick the local device and address toward `dst` (from `src` if
+    /// given) and bind an ephemeral port if unbound. Reports ADDR_RESOLVED or ADDR_ERROR.
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let _ = timeout; // resolution is immediate: the kernel's IP stack does ARP for us
+        let dst = v4(dst)?;
+        if dst.ip().is_unspecified() || dst.port() == 0 && false {
+            return Err(CmaError::InvalidArgument("destination address"));
+        }
+        let src = src.map(v4).transpose()?;
+        let mut st = self.inner().state();
+        Self::check_phase(&st, &[Phase::Idle, Phase::Bound])?;
+        let ctx = match (&st.ctx, src) {
+            (Some(c), _) => Ok(c.clone()),
+            (None, Some(s)) if !s.ip().is_unspecified() => route::context_for_local(*s.ip()),
+            _ => route::context_toward(*dst.ip()),
+        };
+        let ctx = match ctx {
+            Ok(c) => c,
+            Err(e) => {
+                drop(st);
+                self.push(EventType::AddrError, -e.errno());
+                return Ok(());
+            }
+        };
+        if st.reservation.is_none() {
+            let port = route::bind_port(self.inner().ps, ctx.addr(), src.map_or(0, |s| s.port()))?;
+            st.reservation = Some((ctx.addr(), port));
+        }
+        let port = st.reservation.expect("reserved").1;
+        st.local = Some(SocketAddrV4::new(ctx.addr(), port));
+        st.remote = Some(dst);
+        st.mtu = ctx.device().active_mtu();
+        st.ctx = Some(ctx);
+        st.phase = Phase::AddrResolved;
+        drop(st);
+        self.push(EventType::AddrResolved, 0);
+        Ok(())
+    }
+
+    /// `rdma_resolve_route`: reports ROUTE_RESOLVED (RoCE: the path is the resolved address).
+    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        let _ = timeout;
+        let mut st = self.inner().state();
+        Self::check_phase(&st, &[Phase::AddrResolved])?;
+        st.phase = Phase::RouteResolved;
+        drop(st);
+        self.push(EventType::RouteResolved, 0);
+        Ok(())
+    }
+
+    /// `rdma_create_qp`: an RC QP on the id's device, moved to INIT; the CM moves it to RTR and
+    /// RTS when the connection is made, and to ERR on disconnect.
+    pub fn create_qp(&self, pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        let ctx = self
+            .context()
+            .ok_or(CmaError::InvalidState("no device yet (bind or resolve first)"))?;
+        if !Arc::ptr_eq(&pd.shared, &ctx.shared) {
+            return Err(CmaError::WrongDevice);
+        }
+        if self.inner().state().qpn.is_some() {
+            return Err(CmaError::InvalidState("the id already has a QP"));
+        }
+        let qp = pd.create_qp(attr)?;
+        qp.modify(&QpAttr {
+            qp_state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qp_access_flags: Some(AccessFlags::NONE),
+            ..Default::default()
+        })?;
+        self.inner().state().qpn = Some(qp.qp_num());
+        Ok(qp)
+    }
+
+    /// `rdma_connect`: send the REQ. ESTABLISHED follows when the peer accepts (the QP is then
+    /// in RTS), REJECTED or UNREACHABLE when it does not.
+    pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        let max = req::PRIVATE_DATA_LEN - CMA_HDR_LEN;
+        if param.private_data.len() > max {
+            return Err(CmaError::PrivateDataTooLong {
+                len: param.private_data.len(),
+                max,
+            });
+        }
+        if param.retry_count > 7 || param.rnr_retry_count > 7 {
+            return Err(CmaError::InvalidArgument("retry_count/rnr_retry_count above 7"));
+        }
+        let ctx = {
+            let st = self.inner().state();
+            Self::check_phase(&st, &[Phase::RouteResolved])?;
+            if st.qpn.is_none() {
+                return Err(CmaError::InvalidState("no QP (create_qp first)"));
+            }
+            st.ctx.clone().expect("resolved")
+        };
+        ctx.with_cma(|core, _, now| -> Result<()> {
+            core.attach(&ctx);
+            let mut st = self.inner().state();
+            Self::check_phase(&st, &[Phase::RouteResolved])?;
+            let (local, remote) = (st.local.expect("resolved"), st.remote.expect("resolved"));
+            let qpn = st.qpn.expect("checked");
+            let rq_psn = random_psn();
+            let mut p = ConnectParams::rdma_cm_tcp(local, remote, qpn, rq_psn);
+            p.responder_resources = param.responder_resources;
+            p.initiator_depth = param.initiator_depth;
+            p.retry_count = param.retry_count;
+            p.rnr_retry_count = param.rnr_retry_count;
+            p.path_mtu = st.mtu;
+            p.srq = param.srq;
+            p.flow_control = param.flow_control;
+            p.private_data = param.private_data.clone();
+            let id = core
+                .cm
+                .connect(now, &p)
+                .map_err(|_| CmaError::InvalidArgument("connection parameters"))?;
+            core.add_conn(id, Arc::downgrade(&self.0), self.inner().clone());
+            st.conn = Some(id);
+            st.rq_psn = rq_psn;
+            st.flow_label = p.flow_label;
+            st.param = param.clone();
+            st.phase = Phase::Connecting;
+            Ok(())
+        })?
+    }
+
+    /// `rdma_accept` (on the id of a CONNECT_REQUEST): move the QP to RTS and send the REP.
+    /// ESTABLISHED follows when the RTU arrives.
+    pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        if param.private_data.len() > rep::PRIVATE_DATA_LEN {
+            return Err(CmaError::PrivateDataTooLong {
+                len: param.private_data.len(),
+                max: rep::PRIVATE_DATA_LEN,
+            });
+        }
+        if param.rnr_retry_count > 7 {
+            return Err(CmaError::InvalidArgument("rnr_retry_count above 7"));
+        }
+        let ctx = {
+            let st = self.inner().state();
+            Self::check_phase(&st, &[Phase::ConnectRequest])?;
+            if st.qpn.is_none() {
+                return Err(CmaError::InvalidState("no QP (create_qp first)"));
+            }
+            st.ctx.clone().expect("incoming ids have a device")
+        };
+        ctx.with_cma(|core, modify: ModifyQp<'_>, now| -> Result<()> {
+            let mut st = self.inner().state();
+            Self::check_phase(&st, &[Phase::ConnectRequest])?;
+            let req = st.req.clone().expect("connect request");
+            let id = st.conn.expect("connect request");
+            let qpn = st.qpn.expect("checked");
+            let rq_psn = random_psn();
+            let max_dest = param.responder_resources.min(req.initiator_depth);
+            let max_rd = param.initiator_depth.min(req.responder_resources);
+            let t = Transition {
+                qpn,
+                peer_gid: req.peer.gid,
+                remote_qpn: req.remote_qpn,
+                rq_psn,
+                sq_psn: req.remote_psn,
+                mtu: st.mtu,
+                max_dest_rd_atomic: max_dest,
+                max_rd_atomic: max_rd,
+                retry_cnt: req.retry_count,
+                rnr_retry: req.rnr_retry_count,
+                flow_label: st.flow_label,
+            };
+            if !t.run(modify) {
+                return Err(CmaError::InvalidState("the QP could not be moved to RTS"));
+            }
+            let mut ap = AcceptParams::new(qpn, rq_psn);
+            ap.responder_resources = max_dest;
+            ap.initiator_depth = max_rd;
+            ap.rnr_retry_count = param.rnr_retry_count;
+            ap.srq = param.srq;
+            ap.flow_control = param.flow_control;
+            ap.private_data = param.private_data.clone();
+            core.cm
+                .accept(now, id, &ap)
+                .map_err(|_| CmaError::InvalidState("the connection request is gone"))?;
+            st.rq_psn = rq_psn;
+            st.param = param.clone();
+            st.phase = Phase::Accepting;
+            Ok(())
+        })?
+    }
+
+    /// `rdma_reject` (on the id of a CONNECT_REQUEST): REJ with up to 148 bytes of private data;
+    /// the peer sees REJECTED with status 28 (consumer defined).
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        if private_data.len() > rej::PRIVATE_DATA_LEN {
+            return Err(CmaError::PrivateDataTooLong {
+                len: private_data.len(),
+                max: rej::PRIVATE_DATA_LEN,
+            });
+        }
+        let ctx = {
+            let st = self.inner().state();
+            Self::check_phase(&st, &[Phase::ConnectRequest])?;
+            st.ctx.clone().expect("incoming ids have a device")
+        };
+        ctx.with_cma(|core, _, _| -> Result<()> {
+            let mut st = self.inner().state();
+            Self::check_phase(&st, &[Phase::ConnectRequest])?;
+            let id = st.conn.take().expect("connect request");
+            let _ = core.cm.reject(id, private_data);
+            core.remove_conn(id);
+            st.phase = Phase::Idle;
+            Ok(())
+        })?
+    }
+
+    /// `rdma_disconnect`: move the QP to ERR (its posted work completes with flush errors) and
+    /// send the DREQ, or the DREP if the peer disconnected first. Both sides then see
+    /// DISCONNECTED.
+    pub fn disconnect(&self) -> Result<()> {
+        let ctx = {
+            let st = self.inner().state();
+            Self::check_phase(
+                &st,
+                &[
+                    Phase::Connecting,
+                    Phase::Accepting,
+                    Phase::Established,
+                    Phase::Disconnected,
+                ],
+            )?;
+            st.ctx.clone().expect("connected ids have a device")
+        };
+        ctx.with_cma(|core, modify, now| -> Result<()> {
+            let mut st = self.inner().state();
+            if let Some(qpn) = st.qpn {
+                modify(
+                    qpn,
+                    &QpAttr {
+                        qp_state: Some(QpState::Err),
+                        ..Default::default()
+                    },
+                );
+            }
+            let Some(id) = st.conn else {
+                return Err(CmaError::InvalidState(st.phase.name()));
+            };
+            match st.phase {
+                Phase::Connecting | Phase::Accepting => {
+                    let _ = core.cm.reject(id, &[]);
+                    core.remove_conn(id);
+                    st.conn = None;
+                    st.phase = Phase::Disconnected;
+                    drop(st);
+                    self.push(EventType::Disconnected, 0);
+                }
+                Phase::Established => {
+                    core.cm
+                        .disconnect(now, id, &[])
+                        .map_err(|_| CmaError::InvalidState("established"))?;
+                    st.phase = Phase::Disconnecting;
+                }
+                _ => {
+                    // DREQ received: answer it. Already answered: nothing to do.
+                    let _ = core.cm.disconnect(now, id, &[]);
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// `rdma_destroy_id`: waits until every event reported for this id is acknowledged (as
+    /// librdmacm does: do not hold one of its events on this thread), drops its queued events,
+    /// and answers the peer (DREQ/DREP/REJ) if a connection is open.
+    pub fn destroy(self) {
+        let inner = self.inner().clone();
+        let mut e = inner.ev.lock().unwrap_or_else(|p| p.into_inner());
+        while e.reported > e.acked {
+            e = inner.ev_cv.wait(e).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(e);
+        self.finish_destroy();
+    }
+
+    /// Like [`CmId::destroy`], but fails with [`CmaError::Busy`] instead of waiting when events
+    /// are not acknowledged.
+    pub fn try_destroy(self) -> std::result::Result<(), (CmaError, CmId)> {
+        let n = self.inner().unacked();
+        if n > 0 {
+            return Err((CmaError::Busy(n), self));
+        }
+        self.finish_destroy();
+        Ok(())
+    }
+
+    fn finish_destroy(self) {
+        let inner = self.inner().clone();
+        inner.teardown();
+        if let Some(ch) = inner.channel.upgrade() {
+            let purged = ch.purge(&inner);
+            drop(purged);
+        }
+        // Let the cores answer the peer now rather than at their next wake-up.
+        let ctxs: Vec<Context> = {
+            let st = inner.state();
+            st.ctx.iter().cloned().collect()
+        };
+        drop(self);
+        for c in ctxs {
+            let _ = c.with_cma(|_, _, _| ());
+        }
+    }
+}
+
+impl Context {
+    /// Run `f` on this device's rdma_cm core under the engine lock, then send what the CM has to
+    /// send, deliver its events, and flush the QPs it changed.
+    pub(crate) fn with_cma<R>(
+        &self,
+        f: impl FnOnce(&mut CmaCore, ModifyQp<'_>, Instant) -> R,
+    ) -> Result<R> {
+        let s = &self.shared;
+        let mut e = s.lock_engine_for_verb()?;
+        let now = Instant::now();
+        let r = e.with_cma(now, f);
+        e.flush_cma(&s.io, s.addr, now);
+        e.flush_dirty(&s.io, &s.mrs, &s.async_events, s.addr, now);
+        s.kick_if_earlier(e.next_deadline());
+        Ok(r)
+    }
+}

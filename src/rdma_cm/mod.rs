@@ -1,0 +1,27 @@
+//! The RDMA connection manager (librdmacm's API) over softrdma's user-space RoCEv2 transport,
+//! speaking Linux's wire protocol: rdma_cm's IP addressing over the IB Communication Manager on
+//! the GSI QP1, so it connects to and accepts from kernel rdma_rxe peers.
+//!
+//! ```text
+//! EventChannel::new() -> create_id(PortSpace::Tcp) -> CmId
+//!   server: bind_addr -> listen -> CONNECT_REQUEST(new id) -> create_qp -> accept -> ESTABLISHED
+//!   client: resolve_addr -> ADDR_RESOLVED -> resolve_route -> ROUTE_RESOLVED -> create_qp
+//!           -> connect -> ESTABLISHED
+//!   either: disconnect -> DISCONNECTED (-> TIMEWAIT_EXIT)
+//! ```
+//! Events come from [`EventChannel::get_cm_event`] (its [`EventChannel::fd`] is pollable) and
+//! are acknowledged by [`CmEvent::ack`] or by dropping them. The ids share one device context
+//! per device ([`CmId::context`]): allocate the PD and CQs there.
+
+mod channel;
+pub(crate) mod core;
+mod error;
+mod event;
+mod id;
+mod route;
+
+pub use crate::cm::service_id::PortSpace;
+pub use channel::{EventChannel, WaitError};
+pub use error::{CmaError, Result};
+pub use event::{CmEvent, ConnParam, EventParam, EventType, UdParam};
+pub use id::CmId;

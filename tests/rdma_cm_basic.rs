@@ -1,0 +1,262 @@
+//! rdma_cm over the user-space transport in one process: a listener and a client on the
+//! loopback device, through the whole life of a connection.
+
+mod verbs_util;
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+use softrdma::transport::{QpCaps, QpState, SendOp, WcOpcode, WcStatus};
+use softrdma::verbs::{CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair};
+use verbs_util::{sge, wait_cq, ALL, WAIT};
+
+const T: Duration = Duration::from_secs(30);
+
+fn any(port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
+}
+
+fn lo(port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+}
+
+struct Res {
+    _pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+}
+
+fn resources(id: &CmId) -> Res {
+    let ctx = id.context().expect("the id has a device");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let qp = id
+        .create_qp(
+            &pd,
+            &QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap: QpCaps::default(),
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(qp.state().unwrap(), QpState::Init);
+    let mr = pd.alloc_mr(4096, ALL).unwrap();
+    Res {
+        _pd: pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+fn listener(ch: &EventChannel) -> (CmId, u16) {
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    id.bind_addr(any(0)).unwrap();
+    let port = id.local_addr().unwrap().port();
+    assert_ne!(port, 0, "an ephemeral port was picked");
+    id.listen(16).unwrap();
+    (id, port)
+}
+
+/// Client side up to ROUTE_RESOLVED.
+fn resolved_client(ch: &EventChannel, port: u16) -> CmId {
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, lo(port), T).unwrap();
+    let ev = ch.wait_event(EventType::AddrResolved, T).unwrap();
+    assert_eq!(ev.status(), 0);
+    assert_eq!(ev.id(), &id);
+    ev.ack();
+    id.resolve_route(T).unwrap();
+    ch.wait_event(EventType::RouteResolved, T).unwrap().ack();
+    id
+}
+
+#[test]
+fn connect_send_disconnect() {
+    let sch = EventChannel::new().unwrap();
+    let (lid, port) = listener(&sch);
+
+    let client = std::thread::spawn(move || {
+        let ch = EventChannel::new().unwrap();
+        let id = resolved_client(&ch, port);
+        let r = resources(&id);
+        r.qp
+            .post_recv(&[softrdma::verbs::RecvWr {
+                wr_id: 7,
+                sg_list: &[sge(&r.mr, 0, 64)],
+            }])
+            .unwrap();
+        let param = ConnParam {
+            private_data: b"hello from the client".to_vec(),
+            ..Default::default()
+        };
+        id.connect(&param).unwrap();
+        let ev = ch.wait_event(EventType::Established, T).unwrap();
+        assert_eq!(&ev.private_data()[..5], b"howdy");
+        ev.ack();
+        assert_eq!(r.qp.state().unwrap(), QpState::Rts);
+        // The server sends first.
+        let wc = wait_cq(&r.cq);
+        assert_eq!((wc.wr_id, wc.status, wc.opcode), (7, WcStatus::Success, WcOpcode::Recv));
+        let mut got = [0u8; 4];
+        r.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        // Reply, then wait for the server's disconnect.
+        r.mr.write(100, b"pong").unwrap();
+        r.qp
+            .post_send(&[softrdma::verbs::SendWr {
+                wr_id: 8,
+                op: SendOp::Send,
+                sg_list: &[sge(&r.mr, 100, 4)],
+                flags: softrdma::transport::SendFlags {
+                    signaled: true,
+                    ..Default::default()
+                },
+            }])
+            .unwrap();
+        assert_eq!(wait_cq(&r.cq).status, WcStatus::Success);
+        let ev = ch.wait_event(EventType::Disconnected, T).unwrap();
+        ev.ack();
+        assert_eq!(r.qp.state().unwrap(), QpState::Err);
+        id.disconnect().unwrap();
+        id.destroy();
+    });
+
+    let ev = sch.wait_event(EventType::ConnectRequest, T).unwrap();
+    assert_eq!(ev.listen_id(), Some(&lid));
+    assert_eq!(&ev.private_data()[..21], b"hello from the client");
+    let p = ev.conn_param().unwrap().clone();
+    assert_eq!((p.responder_resources, p.initiator_depth), (1, 1));
+    let cid = ev.id().clone();
+    ev.ack();
+    assert_eq!(cid.local_addr().unwrap().port(), port);
+    assert!(cid.peer_addr().unwrap().ip().is_loopback());
+    let r = resources(&cid);
+    r.qp.post_recv(&[softrdma::verbs::RecvWr {
+        wr_id: 1,
+        sg_list: &[sge(&r.mr, 0, 64)],
+    }])
+    .unwrap();
+    cid.accept(&ConnParam {
+        private_data: b"howdy".to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(r.qp.state().unwrap(), QpState::Rts);
+    let ev = sch.wait_event(EventType::Established, T).unwrap();
+    assert_eq!(ev.id(), &cid);
+    ev.ack();
+    r.mr.write(200, b"ping").unwrap();
+    r.qp
+        .post_send(&[softrdma::verbs::SendWr {
+            wr_id: 2,
+            op: SendOp::Send,
+            sg_list: &[sge(&r.mr, 200, 4)],
+            flags: softrdma::transport::SendFlags {
+                signaled: true,
+                ..Default::default()
+            },
+        }])
+        .unwrap();
+    let mut seen_send = false;
+    let mut seen_recv = false;
+    while !(seen_send && seen_recv) {
+        let wc = wait_cq(&r.cq);
+        assert_eq!(wc.status, WcStatus::Success);
+        match wc.wr_id {
+            2 => seen_send = true,
+            1 => seen_recv = true,
+            x => panic!("unexpected wr_id {x}"),
+        }
+    }
+    let mut got = [0u8; 4];
+    r.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"pong");
+    cid.disconnect().unwrap();
+    let ev = sch.wait_event(EventType::Disconnected, T).unwrap();
+    assert_eq!(ev.id(), &cid);
+    ev.ack();
+    client.join().unwrap();
+    let _ = WAIT;
+}
+
+#[test]
+fn connect_to_port_nobody_listens_on_is_rejected() {
+    let ch = EventChannel::new().unwrap();
+    // A port bound but not listened on: nobody listens there.
+    let other = ch.create_id(PortSpace::Tcp).unwrap();
+    other.bind_addr(any(0)).unwrap();
+    let port = other.local_addr().unwrap().port();
+    let id = resolved_client(&ch, port);
+    let _r = resources(&id);
+    id.connect(&ConnParam::default()).unwrap();
+    let ev = ch.wait_event(EventType::Rejected, T).unwrap();
+    assert_eq!(ev.status(), 8, "IB reject reason 8: invalid service ID");
+}
+
+#[test]
+fn consumer_reject_carries_private_data() {
+    let sch = EventChannel::new().unwrap();
+    let (_lid, port) = listener(&sch);
+    let ch = EventChannel::new().unwrap();
+    let id = resolved_client(&ch, port);
+    let _r = resources(&id);
+    id.connect(&ConnParam::default()).unwrap();
+    let ev = sch.wait_event(EventType::ConnectRequest, T).unwrap();
+    let too_long = vec![0u8; 149];
+    assert_eq!(ev.id().reject(&too_long).unwrap_err().errno(), libc::EINVAL);
+    ev.id().reject(b"go away").unwrap();
+    drop(ev);
+    let ev = ch.wait_event(EventType::Rejected, T).unwrap();
+    assert_eq!(ev.status(), 28, "consumer defined");
+    assert_eq!(&ev.private_data()[..7], b"go away");
+}
+
+#[test]
+fn bad_calls_fail_at_the_call() {
+    let ch = EventChannel::new().unwrap();
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    // Listen before bind, connect before resolve.
+    assert!(id.listen(1).is_err());
+    assert!(id.connect(&ConnParam::default()).is_err());
+    assert!(id.resolve_route(T).is_err());
+    let (lid, port) = listener(&ch);
+    // The port is taken.
+    let again = ch.create_id(PortSpace::Tcp).unwrap();
+    assert_eq!(again.bind_addr(any(port)).unwrap_err().errno(), libc::EADDRINUSE);
+    drop(lid);
+    let c = resolved_client(&ch, port);
+    let _r = resources(&c);
+    let long = ConnParam {
+        private_data: vec![1; 57],
+        ..Default::default()
+    };
+    assert_eq!(c.connect(&long).unwrap_err().errno(), libc::EINVAL);
+    // Non-blocking channel with nothing queued.
+    ch.set_nonblocking(true).unwrap();
+    assert_eq!(ch.get_cm_event().unwrap_err().errno(), libc::EAGAIN);
+    // The UD port space is not there yet.
+    assert!(ch.create_id(PortSpace::Udp).is_err());
+}
+
+#[test]
+fn destroy_waits_for_unacked_events() {
+    let ch = EventChannel::new().unwrap();
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, lo(9), T).unwrap();
+    let ev = ch.get_cm_event().unwrap();
+    assert_eq!(ev.event(), EventType::AddrResolved);
+    let (err, id) = id.clone().try_destroy().unwrap_err();
+    assert_eq!(err.errno(), libc::EBUSY);
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        ev.ack();
+    });
+    id.destroy();
+    t.join().unwrap();
+}
