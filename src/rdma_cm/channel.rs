@@ -68,7 +68,8 @@ impl ChannelInner {
     }
 }
 
-/// An event channel. Ids created on it report their events here.
+/// An event channel. Ids created on it report their events here. Clones share the channel.
+#[derive(Clone)]
 pub struct EventChannel {
     pub(crate) inner: Arc<ChannelInner>,
 }
