@@ -140,3 +140,26 @@ perftest_pair read-m1024  read   "-x 1 -F -n 200 -s 10000 -m 1024" 10000 200
 perftest_pair atomic-fadd atomic "-x 1 -F -n 200 -A FETCH_AND_ADD" 8     200 \
   'atomic check: the target words sum to 200 '
 perftest_pair atomic-cas  atomic "-x 1 -F -n 200 -A CMP_AND_SWAP"  8     200
+
+# --- rdma_cm <-> kernel: rping (examples/rping.rs), SKIP until it is built. -----------------------
+# The CM handshake (REQ/REP/RTU over QP1, rdma_cm's IP private-data header), then rping's protocol:
+# the client advertises its buffers by SEND, the server RDMA READs the ping data and RDMA WRITEs it
+# back; -V makes the client check every byte; the client's disconnect (DREQ/DREP) ends both.
+# rping_pair TAG ARGS
+rping_pair() {
+  local tag=$1 args=$2 n
+  n=$(sed -nE 's/.*-C ([0-9]+).*/\1/p' <<<"$args")
+  local last="rdma-ping-$((n - 1)): "
+  scenario "rping-$tag-kernel-server" role=host-client needs=rping timeout=90 \
+    desc="kernel rping -s in the guest, softrdma rping -c $args" \
+    guest="rping -s -a \$GUEST_IP -v $args & srv=\$!; sleep 3; ready; wait \$srv" \
+    host="for i in 1 2 3 4 5 6; do \"\$EX/rping\" -c -a \$GUEST_IP -V -v $args && exit 0; sleep 2; done; exit 1" \
+    expect_host="^ping data: $last" expect_guest="^server ping data: $last"
+  scenario "rping-$tag-host-server" role=host-server needs=rping timeout=90 \
+    desc="softrdma rping -s, kernel rping -c $args in the guest" \
+    host="\"\$EX/rping\" -s -a \$HOST_IP -v $args" \
+    guest="rping -c -a \$HOST_IP -V -v $args" \
+    expect_host="^server ping data: $last" expect_guest="^ping data: $last"
+}
+rping_pair small "-C 5 -S 64"
+rping_pair 10k   "-C 3 -S 10000"
