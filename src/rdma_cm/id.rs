@@ -67,6 +67,28 @@ pub(crate) struct IdState {
     pub flow_label: u32,
     pub param: ConnParam,
     pub req: Option<ConnectRequestInfo>,
+    pub timeouts: CmTimeouts,
+}
+
+/// How long the CM waits for answers to this id's REQ (and the peer for our REP, DREQ): IBA time
+/// exponents (4.096 µs × 2^t) and a retry count. The defaults are Linux rdma_cm's: packet lifetime
+/// 18, CM response timeout 20, 15 retries — a REQ to a host that never answers is given up after
+/// about 100 s. A softrdma extension (librdmacm has no call for it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmTimeouts {
+    pub packet_life_time: u8,
+    pub cm_response_timeout: u8,
+    pub max_cm_retries: u8,
+}
+
+impl Default for CmTimeouts {
+    fn default() -> Self {
+        CmTimeouts {
+            packet_life_time: 18,
+            cm_response_timeout: 20,
+            max_cm_retries: 15,
+        }
+    }
 }
 
 impl IdState {
@@ -194,6 +216,7 @@ fn blank_state() -> IdState {
         flow_label: 0,
         param: ConnParam::default(),
         req: None,
+        timeouts: CmTimeouts::default(),
     }
 }
 
@@ -306,6 +329,15 @@ impl CmId {
     /// The QP created with [`CmId::create_qp`], if any.
     pub fn qp_num(&self) -> Option<u32> {
         self.inner().state().qpn
+    }
+
+    /// Set the CM timeouts used by the next [`CmId::connect`] (see [`CmTimeouts`]).
+    pub fn set_cm_timeouts(&self, t: CmTimeouts) -> Result<()> {
+        if t.packet_life_time > 31 || t.cm_response_timeout > 31 || t.max_cm_retries > 15 {
+            return Err(CmaError::InvalidArgument("CM timeouts: exponents 0..=31, retries 0..=15"));
+        }
+        self.inner().state().timeouts = t;
+        Ok(())
     }
 
     /// `rdma_bind_addr`: port 0 picks an ephemeral port ([`CmId::local_addr`] tells which);
@@ -483,6 +515,9 @@ impl CmId {
             p.srq = param.srq;
             p.flow_control = param.flow_control;
             p.private_data = param.private_data.clone();
+            p.packet_life_time = st.timeouts.packet_life_time;
+            p.cm_response_timeout = st.timeouts.cm_response_timeout;
+            p.max_cm_retries = st.timeouts.max_cm_retries;
             let id = core
                 .cm
                 .connect(now, &p)

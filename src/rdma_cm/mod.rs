@@ -24,4 +24,4 @@ pub use crate::cm::service_id::PortSpace;
 pub use channel::{EventChannel, WaitError};
 pub use error::{CmaError, Result};
 pub use event::{CmEvent, ConnParam, EventParam, EventType, UdParam};
-pub use id::CmId;
+pub use id::{CmId, CmTimeouts};
