@@ -263,6 +263,9 @@ impl PartialEq for CmId {
 }
 impl Eq for CmId {}
 
+/// The backlog of `listen(0)` (the kernel's `max_backlog` default).
+const DEFAULT_BACKLOG: usize = 1024;
+
 fn random_psn() -> u32 {
     let mut b = [0u8; 4];
     let _ = getrandom::getrandom(&mut b);
@@ -366,8 +369,10 @@ impl CmId {
     }
 
     /// `rdma_listen`: report CONNECT_REQUEST for connections to the bound port; at most
-    /// `backlog` of them wait for accept/reject at a time (more are rejected).
+    /// `backlog` of them wait for accept/reject at a time (more are rejected). 0 means the
+    /// default, 1024, as in the kernel.
     pub fn listen(&self, backlog: usize) -> Result<()> {
+        let backlog = if backlog == 0 { DEFAULT_BACKLOG } else { backlog };
         let (ctxs, sid) = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::Bound])?;

@@ -163,3 +163,16 @@ rping_pair() {
 }
 rping_pair small "-C 5 -S 64"
 rping_pair 10k   "-C 3 -S 10000"
+
+# --- rdma_cm <-> kernel: ucmatose (examples/cmatose.rs), several connections at once. ------------
+# The server accepts -c connections, SENDs -C messages on each, receives as many, disconnects.
+scenario cmatose-kernel-server role=host-client needs=cmatose timeout=90 \
+  desc="kernel ucmatose server (5 connections x 20 messages) in the guest, softrdma cmatose client" \
+  guest='ucmatose -c 5 -C 20 & srv=$!; sleep 3; ready; wait $srv' \
+  host='for i in 1 2 3 4 5 6; do "$EX/cmatose" -s $GUEST_IP -c 5 -C 20 && exit 0; sleep 2; done; exit 1' \
+  expect_host='^return status 0' expect_guest='^return status 0' expect_guest='^data transfers complete'
+scenario cmatose-host-server role=host-server needs=cmatose timeout=90 \
+  desc="softrdma cmatose server (5 connections x 20 messages), kernel ucmatose client in the guest" \
+  host='"$EX/cmatose" -b $HOST_IP -c 5 -C 20' \
+  guest='ucmatose -s $HOST_IP -c 5 -C 20' \
+  expect_host='^return status 0' expect_host='^data transfers complete' expect_guest='^return status 0'
