@@ -176,3 +176,23 @@ scenario cmatose-host-server role=host-server needs=cmatose timeout=90 \
   host='"$EX/cmatose" -b $HOST_IP -c 5 -C 20' \
   guest='ucmatose -s $HOST_IP -c 5 -C 20' \
   expect_host='^return status 0' expect_host='^data transfers complete' expect_guest='^return status 0'
+
+# --- perftest -R <-> kernel: the side channel and the test QP both connected with rdma_cm. --------
+# perftest 4.5's -R: an RC "comm" connection (versions, keys and reports as SENDs, keys in binary),
+# then a second rdma_cm connection for the test QP on the same port, then the test.
+perftest_r_pair() {
+  local tag=$1 op=$2 args=$3 size=$4 n=$5
+  local line="^ *$size +$n +[0-9.]+ +[0-9.]+[[:space:]]+[0-9.]+"
+  scenario "perftest-R-$tag-kernel-server" role=host-client needs=perftest timeout=90 \
+    desc="kernel ib_${op}_bw -R $args server in the guest, softrdma perftest $op -R client" \
+    guest="ib_${op}_bw -d rxe0 -R $args & srv=\$!; sleep 3; ready; wait \$srv" \
+    host="for i in 1 2 3 4 5 6; do \"\$EX/perftest\" $op -R $args \$GUEST_IP && exit 0; sleep 2; done; exit 1" \
+    expect_guest="$line" expect_host="$line"
+  scenario "perftest-R-$tag-host-server" role=host-server needs=perftest timeout=90 \
+    desc="softrdma perftest $op -R $args server, kernel ib_${op}_bw -R client in the guest" \
+    host="\"\$EX/perftest\" $op -R $args" \
+    guest="ib_${op}_bw -d rxe0 -R $args \$HOST_IP" \
+    expect_guest="$line" expect_host="$line"
+}
+perftest_r_pair write write "-x 1 -F -n 200 -s 65536" 65536 200
+perftest_r_pair read  read  "-x 1 -F -n 200 -s 65536" 65536 200

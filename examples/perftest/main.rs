@@ -23,23 +23,25 @@
 //!
 //! The server only lends its memory: the client's WRITEs, READs and atomics land in it.
 
+#[path = "../getopt/mod.rs"]
 mod getopt;
+mod comm;
 
-use std::io::{Read, Write};
-use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use comm::{Comm, Dest};
+
+use std::net::Ipv6Addr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use softrdma::transport::{
     AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus,
 };
-use softrdma::verbs::{Context, QpInitAttr, QpType, SendWr, WorkCompletion};
+use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+use softrdma::verbs::{Context, QpInitAttr, QpType, QueuePair, SendWr, WorkCompletion};
 
 /// What this tool claims to be in the version exchange (perftest 4.5's `VERSION`).
 const VERSION: &str = "6.06";
 const VERSION_LEN: usize = 16;
-/// The key message with a GID: `%04x:%04x:%06x:%06x:%08x:%016llx:` + 16 `%02x:` + `%08x:` + NUL.
-const KEY_MSG_SIZE_GID: usize = 108;
 const PAGE_SIZE: u32 = 4096;
 const CACHE_LINE: u32 = 64;
 const ATOMIC_ADD_VALUE: u64 = 1;
@@ -80,6 +82,8 @@ struct Opts {
     out_reads: Option<u32>,
     atomic: AtomicType,
     server: Option<String>,
+    /// `-R`: connect with rdma_cm (side channel and test QP).
+    rdma_cm: bool,
 }
 
 fn usage() {
@@ -94,6 +98,7 @@ fn usage() {
     println!("  -t, --tx-depth=<dep>      outstanding work requests (default 128)");
     println!("  -o, --outs=<num>          outstanding reads/atomics (default: device maximum)");
     println!("  -A, --atomic_type=<type>  FETCH_AND_ADD (default) or CMP_AND_SWAP");
+    println!("  -R, --rdma_cm             connect with rdma_cm (side channel and test QP)");
     println!("  -F, --CPU-freq            ignored");
 }
 
@@ -120,6 +125,7 @@ fn parse_args() -> Result<Opts, String> {
             ("outs", 'o'),
             ("atomic_type", 'A'),
             ("CPU-freq", 'F'),
+            ("rdma_cm", 'R'),
             ("help", 'h'),
         ],
     };
@@ -135,6 +141,7 @@ fn parse_args() -> Result<Opts, String> {
         out_reads: None,
         atomic: AtomicType::FetchAdd,
         server: None,
+        rdma_cm: false,
     };
     for arg in getopt::parse(&args[1..], &spec)? {
         let (opt, val) = match arg {
@@ -156,7 +163,7 @@ fn parse_args() -> Result<Opts, String> {
                 usage();
                 std::process::exit(0);
             }
-            'R' => return Err("-R (rdma_cm) is not supported".into()),
+            'R' => o.rdma_cm = true,
             'p' => o.port = u16::try_from(num()?).map_err(|_| "bad port")?,
             'i' => o.ib_port = u8::try_from(num()?).map_err(|_| "bad ib port")?,
             's' => o.size = num()? as usize,
@@ -183,104 +190,6 @@ fn parse_args() -> Result<Opts, String> {
     }
     o.tx_depth = o.tx_depth.min(o.iters as usize);
     Ok(o)
-}
-
-/// One peer's connection data (perftest's `struct pingpong_dest`).
-#[derive(Clone, Copy, Debug, Default)]
-struct Dest {
-    lid: u16,
-    out_reads: u32,
-    qpn: u32,
-    psn: u32,
-    rkey: u32,
-    vaddr: u64,
-    gid: [u8; 16],
-    srqn: u32,
-}
-
-fn key_msg(d: &Dest) -> [u8; KEY_MSG_SIZE_GID] {
-    let mut s = format!(
-        "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}",
-        d.lid, d.out_reads, d.qpn, d.psn, d.rkey, d.vaddr
-    );
-    for b in d.gid {
-        s.push_str(&format!(":{b:02x}"));
-    }
-    s.push_str(&format!(":{:08x}:", d.srqn));
-    let mut m = [0u8; KEY_MSG_SIZE_GID];
-    m[..s.len()].copy_from_slice(s.as_bytes());
-    m
-}
-
-fn parse_key_msg(m: &[u8]) -> Option<Dest> {
-    let end = m.iter().position(|&b| b == 0).unwrap_or(m.len());
-    let s = std::str::from_utf8(&m[..end]).ok()?;
-    let f: Vec<&str> = s.split(':').collect();
-    if f.len() < 23 {
-        return None;
-    }
-    let hex = |i: usize| u64::from_str_radix(f[i], 16).ok();
-    let mut gid = [0u8; 16];
-    for (k, g) in gid.iter_mut().enumerate() {
-        *g = hex(6 + k)? as u8;
-    }
-    Some(Dest {
-        lid: hex(0)? as u16,
-        out_reads: hex(1)? as u32,
-        qpn: hex(2)? as u32,
-        psn: hex(3)? as u32,
-        rkey: hex(4)? as u32,
-        vaddr: hex(5)?,
-        gid,
-        srqn: hex(22)? as u32,
-    })
-}
-
-/// The TCP side channel.
-struct Comm {
-    sock: TcpStream,
-    client: bool,
-}
-
-impl Comm {
-    /// perftest's `ctx_xchg_data`: the client writes then reads, the server reads then writes.
-    fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), String> {
-        let e = |what: &'static str| move |err: std::io::Error| format!("exchange: {what}: {err}");
-        if self.client {
-            self.sock.write_all(mine).map_err(e("write"))?;
-            self.sock.read_exact(theirs).map_err(e("read"))?;
-        } else {
-            self.sock.read_exact(theirs).map_err(e("read"))?;
-            self.sock.write_all(mine).map_err(e("write"))?;
-        }
-        Ok(())
-    }
-
-    /// perftest's `ctx_hand_shake`: one exchange of the key message.
-    fn hand_shake(&mut self, my: &Dest) -> Result<Dest, String> {
-        let mut rem = [0u8; KEY_MSG_SIZE_GID];
-        self.xchg(&key_msg(my), &mut rem)?;
-        parse_key_msg(&rem).ok_or_else(|| {
-            let end = rem.iter().position(|&b| b == 0).unwrap_or(rem.len());
-            format!(
-                "Couldn't parse line <{}>",
-                String::from_utf8_lossy(&rem[..end])
-            )
-        })
-    }
-
-    /// perftest's `ctx_close_connection`: a last handshake, then `"done\0"`.
-    fn close(mut self, my: &Dest) -> Result<(), String> {
-        self.hand_shake(my)?;
-        self.sock
-            .write_all(b"done\0")
-            .map_err(|e| format!("close: {e}"))?;
-        // Consume the peer's "done" (best effort) so that closing does not reset the connection.
-        let _ = self.sock.set_read_timeout(Some(Duration::from_secs(2)));
-        let mut b = [0u8; 5];
-        let _ = self.sock.read_exact(&mut b);
-        Ok(())
-    }
 }
 
 /// perftest's `struct bw_report_data` (the fields it exchanges).
@@ -333,37 +242,39 @@ fn inc(size: usize, cl: usize) -> usize {
 }
 
 fn run(o: Opts) -> Result<(), String> {
-    let devices = softrdma::devices().map_err(|e| format!("device list: {e}"))?;
-    let dev = devices.into_iter().next().ok_or("no softrdma device")?;
-    let ctx: Context = dev
-        .open()
-        .map_err(|e| format!("Couldn't get context for {}: {e}", dev.name()))?;
+    // The side channel: TCP, or (-R) an RC connection made with rdma_cm whose device then carries
+    // the test too. Its own connection asks for no READs (perftest's comm verb is SEND).
+    let comm_param = ConnParam {
+        responder_resources: 0,
+        initiator_depth: 0,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    if o.server.is_none() {
+        println!("\n************************************");
+        println!("* Waiting for client to connect... *");
+        println!("************************************");
+    }
+    let mut comm = match (&o.server, o.rdma_cm) {
+        (Some(host), false) => Comm::tcp_client(host, o.port)?,
+        (Some(host), true) => Comm::cm_client(host, o.port, &comm_param)?,
+        (None, false) => Comm::tcp_server(o.port)?,
+        (None, true) => Comm::cm_server(o.port, &comm_param)?,
+    };
+    let ctx: Context = match comm.context() {
+        Some(c) => c,
+        None => {
+            let devices = softrdma::devices().map_err(|e| format!("device list: {e}"))?;
+            let dev = devices.into_iter().next().ok_or("no softrdma device")?;
+            dev.open()
+                .map_err(|e| format!("Couldn't get context for {}: {e}", dev.name()))?
+        }
+    };
     let port = ctx
         .query_port(o.ib_port)
         .map_err(|e| format!("query_port: {e}"))?;
     let dev_attr = ctx.query_device();
-
-    // The out-of-band connection.
-    let mut comm = match &o.server {
-        Some(host) => Comm {
-            sock: TcpStream::connect((host.as_str(), o.port))
-                .map_err(|e| format!("Couldn't connect to {host}:{}: {e}", o.port))?,
-            client: true,
-        },
-        None => {
-            println!("\n************************************");
-            println!("* Waiting for client to connect... *");
-            println!("************************************");
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|e| format!("Couldn't listen to port {}: {e}", o.port))?;
-            let (s, _) = l.accept().map_err(|e| format!("accept() failed: {e}"))?;
-            Comm {
-                sock: s,
-                client: false,
-            }
-        }
-    };
-    let _ = comm.sock.set_nodelay(true);
 
     // Versions, system data, MTU.
     let mut v = [0u8; VERSION_LEN];
@@ -426,35 +337,6 @@ fn run(o: Opts) -> Result<(), String> {
             g[half..].fill(0);
         }
     }
-    let cq = ctx
-        .create_cq(o.tx_depth as u32 + 1, None)
-        .map_err(|e| format!("Couldn't create CQ: {e}"))?;
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: QpCaps {
-                max_send_wr: o.tx_depth as u32,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        })
-        .map_err(|e| format!("Couldn't create QP: {e}"))?;
-    qp.modify(&QpAttr {
-        qp_state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port_num: Some(o.ib_port),
-        qp_access_flags: Some(
-            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
-        ),
-        ..Default::default()
-    })
-    .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
-
     let out_reads = match o.verb {
         Verb::Write => 1,
         _ => {
@@ -470,6 +352,54 @@ fn run(o: Opts) -> Result<(), String> {
             }
         }
     };
+    let cq = ctx
+        .create_cq(o.tx_depth as u32 + 1, None)
+        .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+    let qp_attr = QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCaps {
+            max_send_wr: o.tx_depth as u32,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    };
+    // With -R the test's QP is connected by rdma_cm too (`create_rdma_cm_connection`), between
+    // two handshakes; the CM moves it to RTS. Without, it is moved by hand after the keys.
+    let (qp, data_cm) = if o.rdma_cm {
+        let reads = if o.verb == Verb::Write { 0 } else { out_reads.min(255) as u8 };
+        let param = ConnParam {
+            responder_resources: reads,
+            initiator_depth: reads,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..Default::default()
+        };
+        comm.hand_shake(&Dest::default())?;
+        let (qp, ch, id) = cm_data_qp(&o, &pd, &qp_attr, &param, comm.client)?;
+        comm.hand_shake(&Dest::default())?;
+        (qp, Some((ch, id)))
+    } else {
+        let qp = pd
+            .create_qp(&qp_attr)
+            .map_err(|e| format!("Couldn't create QP: {e}"))?;
+        qp.modify(&QpAttr {
+            qp_state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(o.ib_port),
+            qp_access_flags: Some(
+                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+            ),
+            ..Default::default()
+        })
+        .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
+        (qp, None)
+    };
+
     let gid = ctx
         .query_gid(o.ib_port, o.gid_index as u32)
         .map_err(|e| format!("query_gid {}: {e}", o.gid_index))?;
@@ -512,37 +442,12 @@ fn run(o: Opts) -> Result<(), String> {
 
     let rem = comm.hand_shake(&my)?;
     let v4 = |g: &[u8; 16]| g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff;
-    if v4(&my.gid) != v4(&rem.gid) {
+    if data_cm.is_none() && v4(&my.gid) != v4(&rem.gid) {
         return Err("Found Incompatibility issue with GID types.".into());
     }
-    qp.modify(&QpAttr {
-        qp_state: Some(QpState::Rtr),
-        path_mtu: Some(mtu),
-        dest_qp_num: Some(rem.qpn),
-        rq_psn: Some(rem.psn),
-        max_dest_rd_atomic: Some(my.out_reads.min(255) as u8),
-        min_rnr_timer: Some(12),
-        ah_attr: Some(AddressVector {
-            dlid: rem.lid,
-            dgid: rem.gid,
-            sgid_index: o.gid_index,
-            hop_limit: 0xff,
-            port_num: o.ib_port,
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
-    qp.modify(&QpAttr {
-        qp_state: Some(QpState::Rts),
-        sq_psn: Some(my.psn),
-        timeout: Some(14),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(rem.out_reads.clamp(1, 128) as u8),
-        ..Default::default()
-    })
-    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    if data_cm.is_none() {
+        connect_qp(&o, &qp, &my, &rem, mtu)?;
+    }
     print_dest("local", &my);
     comm.hand_shake(&my)?;
     print_dest("remote", &rem);
@@ -579,7 +484,91 @@ fn run(o: Opts) -> Result<(), String> {
             );
         }
     }
+    if let Some((ch, id)) = &data_cm {
+        comm::disconnect(ch, id);
+    }
     Ok(())
+}
+
+/// Without -R: RTR and RTS toward the peer's keys, as perftest's `ctx_connect`.
+fn connect_qp(o: &Opts, qp: &QueuePair, my: &Dest, rem: &Dest, mtu: Mtu) -> Result<(), String> {
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Rtr),
+        path_mtu: Some(mtu),
+        dest_qp_num: Some(rem.qpn),
+        rq_psn: Some(rem.psn),
+        max_dest_rd_atomic: Some(my.out_reads.min(255) as u8),
+        min_rnr_timer: Some(12),
+        ah_attr: Some(AddressVector {
+            dlid: rem.lid,
+            dgid: rem.gid,
+            sgid_index: o.gid_index,
+            hop_limit: 0xff,
+            port_num: o.ib_port,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+    qp.modify(&QpAttr {
+        qp_state: Some(QpState::Rts),
+        sq_psn: Some(my.psn),
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(rem.out_reads.clamp(1, 128) as u8),
+        ..Default::default()
+    })
+    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    Ok(())
+}
+
+/// With -R: the test QP's own rdma_cm connection to the same port (`create_rdma_cm_connection`).
+/// The client retries while the server is not listening yet (REJECTED), 10 times 100 ms apart.
+fn cm_data_qp(
+    o: &Opts,
+    pd: &softrdma::verbs::ProtectionDomain,
+    attr: &QpInitAttr<'_>,
+    param: &ConnParam,
+    client: bool,
+) -> Result<(QueuePair, EventChannel, CmId), String> {
+    let ch = EventChannel::new().map_err(|e| e.to_string())?;
+    if client {
+        let host = o.server.as_deref().expect("client");
+        for _ in 0..10 {
+            let id = ch.create_id(PortSpace::Tcp).map_err(|e| e.to_string())?;
+            comm::resolve(&ch, &id, host, o.port)?;
+            let qp = id
+                .create_qp(pd, attr)
+                .map_err(|e| format!("Failed to create QP: {e}"))?;
+            id.connect(param)
+                .map_err(|e| format!("Failed to connect through RDMA CM: {e}"))?;
+            let ev = ch
+                .get_cm_event_timeout(Duration::from_secs(60))
+                .ok_or("no answer to the test QP's connection request")?;
+            match ev.event() {
+                EventType::Established => {
+                    drop(ev);
+                    return Ok((qp, ch, id));
+                }
+                EventType::Rejected | EventType::Unreachable => {
+                    drop(ev);
+                    id.destroy();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                e => return Err(format!("RDMA CM event error: Event: {e}; error: {}", ev.status())),
+            }
+        }
+        Err("Failed to connect RDMA CM client, tried 10 times.".into())
+    } else {
+        let id = comm::accept_one(&ch, o.port)?;
+        let qp = id
+            .create_qp(pd, attr)
+            .map_err(|e| format!("Failed to create QP: {e}"))?;
+        id.accept(param)
+            .map_err(|e| format!("Failed to accept RDMA CM connection: {e}"))?;
+        Ok((qp, ch, id))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
