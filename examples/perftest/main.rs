@@ -1,6 +1,7 @@
-//! perftest's `ib_write_bw`, `ib_read_bw` and `ib_atomic_bw` for softrdma: one-sided RDMA WRITE,
-//! RDMA READ and 8-byte atomics, with perftest's out-of-band TCP exchange (no `-R`, no rdma_cm),
-//! so it interoperates with perftest (on kernel rdma_rxe) in either role.
+//! perftest's `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw` and `ib_send_bw` for softrdma: RDMA
+//! WRITE, RDMA READ, 8-byte atomics and SEND, with perftest's TCP side channel or, with `-R`,
+//! everything connected by rdma_cm (`comm.rs`), so it interoperates with perftest (on kernel
+//! rdma_rxe) in either role.
 //!
 //! ```text
 //! cargo run --release --example perftest -- write -x 1 -s 65536 -n 1000              # server
@@ -37,7 +38,7 @@ use softrdma::transport::{
     AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus,
 };
 use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma::verbs::{Context, QpInitAttr, QpType, QueuePair, SendWr, WorkCompletion};
+use softrdma::verbs::{Context, QpInitAttr, QpType, QueuePair, RecvWr, SendWr, WorkCompletion};
 
 /// What this tool claims to be in the version exchange (perftest 4.5's `VERSION`).
 const VERSION: &str = "6.06";
@@ -52,6 +53,7 @@ enum Verb {
     Write,
     Read,
     Atomic,
+    Send,
 }
 
 impl Verb {
@@ -60,6 +62,7 @@ impl Verb {
             Verb::Write => "RDMA_Write",
             Verb::Read => "RDMA_Read",
             Verb::Atomic => "ATOMIC",
+            Verb::Send => "Send",
         }
     }
 }
@@ -87,7 +90,7 @@ struct Opts {
 }
 
 fn usage() {
-    println!("Usage: perftest write|read|atomic [options] [server]");
+    println!("Usage: perftest write|read|atomic|send [options] [server]");
     println!("  -p, --port=<port>         TCP port of the exchange (default 18515)");
     println!("  -d, --ib-dev=<dev>        ignored (the softrdma device is used)");
     println!("  -i, --ib-port=<port>      port (default 1)");
@@ -108,7 +111,8 @@ fn parse_args() -> Result<Opts, String> {
         Some("write") => Verb::Write,
         Some("read") => Verb::Read,
         Some("atomic") => Verb::Atomic,
-        _ => return Err("the first argument must be write, read or atomic".into()),
+        Some("send") => Verb::Send,
+        _ => return Err("the first argument must be write, read, atomic or send".into()),
     };
     let spec = getopt::Spec {
         with_value: "pdisnmxtoA",
@@ -352,15 +356,17 @@ fn run(o: Opts) -> Result<(), String> {
             }
         }
     };
+    // ib_send_bw's receiver keeps `rx_depth` receives posted (512, at most the iterations).
+    let rx_depth = if o.verb == Verb::Send { o.iters.min(512) as usize } else { 1 };
     let cq = ctx
-        .create_cq(o.tx_depth as u32 + 1, None)
+        .create_cq((o.tx_depth + rx_depth) as u32 + 1, None)
         .map_err(|e| format!("Couldn't create CQ: {e}"))?;
     let qp_attr = QpInitAttr {
         send_cq: &cq,
         recv_cq: &cq,
         cap: QpCaps {
             max_send_wr: o.tx_depth as u32,
-            max_recv_wr: 1,
+            max_recv_wr: rx_depth as u32,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -457,7 +463,32 @@ fn run(o: Opts) -> Result<(), String> {
     println!("{RESULT_LINE}");
     println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
 
-    if comm.client {
+    if o.verb == Verb::Send {
+        // ib_send_bw: the receiver posts its receives, one more handshake, then both measure.
+        if !comm.client {
+            let sge = [Sge {
+                addr: mr.addr() + half as u64,
+                length: o.size as u32,
+                lkey: mr.lkey(),
+            }];
+            for i in 0..rx_depth {
+                qp.post_recv(&[RecvWr {
+                    wr_id: i as u64,
+                    sg_list: &sge,
+                }])
+                .map_err(|e| format!(" Failed to post receive recv_wqes: {e}"))?;
+            }
+        }
+        comm.hand_shake(&my)?;
+        let rep = if comm.client {
+            run_client(&o, &qp, &cq, &mr, half, cycle_buffer, cache_line, &rem)?
+        } else {
+            run_receiver(&o, &qp, &cq, &mr, half)?
+        };
+        print_report(&rep);
+        println!("{RESULT_LINE}");
+        comm.close(&my)?;
+    } else     if comm.client {
         let my_rep = run_client(&o, &qp, &cq, &mr, half, cycle_buffer, cache_line, &rem)?;
         print_report(&my_rep);
         println!("{RESULT_LINE}");
@@ -615,6 +646,7 @@ fn run_client(
                     remote_addr,
                     rkey: rem.rkey,
                 },
+                Verb::Send => SendOp::Send,
                 Verb::Atomic => match o.atomic {
                     AtomicType::FetchAdd => SendOp::FetchAdd {
                         remote_addr,
@@ -674,6 +706,62 @@ fn run_client(
         // No per-completion cycle counters here: the peak is the average.
         bw_peak: bw_avg,
         bw_avg,
+        msg_rate: o.iters as f64 / secs / 1e6,
+    })
+}
+
+/// ib_send_bw's `run_iter_bw_server`: count `iters` receive completions, reposting each.
+fn run_receiver(
+    o: &Opts,
+    qp: &QueuePair,
+    cq: &softrdma::verbs::CompletionQueue,
+    mr: &softrdma::verbs::MemoryRegion,
+    half: usize,
+) -> Result<Report, String> {
+    let sge = [Sge {
+        addr: mr.addr() + half as u64,
+        length: o.size as u32,
+        lkey: mr.lkey(),
+    }];
+    let mut wcs = vec![WorkCompletion::default(); 64];
+    let mut got: u64 = 0;
+    let mut posted = o.iters.min(512);
+    let mut start: Option<Instant> = None;
+    let mut last_progress = Instant::now();
+    while got < o.iters {
+        let n = cq.poll(&mut wcs).map_err(|e| format!("poll CQ failed: {e}"))?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "Completion with error at server: status {} ({:?})",
+                    wc.status.as_str(),
+                    wc.opcode
+                ));
+            }
+            got += 1;
+            if posted < o.iters {
+                qp.post_recv(&[RecvWr {
+                    wr_id: posted,
+                    sg_list: &sge,
+                }])
+                .map_err(|e| format!("Couldn't post recv: rcnt={got}: {e}"))?;
+                posted += 1;
+            }
+        }
+        if n > 0 {
+            start.get_or_insert_with(Instant::now);
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() > Duration::from_secs(30) {
+            return Err(format!("no receive for 30 s ({got} of {} received)", o.iters));
+        }
+    }
+    let secs = start.map_or(1e-9, |t| t.elapsed().as_secs_f64()).max(1e-9);
+    let bw = o.size as f64 * o.iters as f64 / secs / (1u64 << 20) as f64;
+    Ok(Report {
+        size: o.size as u64,
+        iters: o.iters,
+        bw_peak: bw,
+        bw_avg: bw,
         msg_rate: o.iters as f64 / secs / 1e6,
     })
 }

@@ -140,6 +140,7 @@ perftest_pair read-m1024  read   "-x 1 -F -n 200 -s 10000 -m 1024" 10000 200
 perftest_pair atomic-fadd atomic "-x 1 -F -n 200 -A FETCH_AND_ADD" 8     200 \
   'atomic check: the target words sum to 200 '
 perftest_pair atomic-cas  atomic "-x 1 -F -n 200 -A CMP_AND_SWAP"  8     200
+perftest_pair send        send   "-x 1 -F -n 200 -s 65536"         65536 200
 
 # --- rdma_cm <-> kernel: rping (examples/rping.rs), SKIP until it is built. -----------------------
 # The CM handshake (REQ/REP/RTU over QP1, rdma_cm's IP private-data header), then rping's protocol:
@@ -196,3 +197,4 @@ perftest_r_pair() {
 }
 perftest_r_pair write write "-x 1 -F -n 200 -s 65536" 65536 200
 perftest_r_pair read  read  "-x 1 -F -n 200 -s 65536" 65536 200
+perftest_r_pair send  send  "-x 1 -F -n 200 -s 65536" 65536 200
