@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# softrdma to softrdma across two network namespaces joined by a veth pair, with no
+# configuration: each program lists the devices of its namespace (lo and the veth) and rdma_cm
+# picks the one that routes to the peer.
+#
+#   cargo build --release --examples && sudo tests/netns/run.sh
+#
+# Needs root (ip netns). Ends with "N passed, M failed"; exit status 1 if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+EX=${EX:-target/release/examples}
+A=softrdma-ns-a-$$ B=softrdma-ns-b-$$
+IPA=10.78.0.1 IPB=10.78.0.2
+OUT=target/netns; mkdir -p "$OUT"
+
+command -v ip >/dev/null || { apt-get install -y -qq iproute2 >/dev/null 2>&1 || apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; }
+
+cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; }
+trap cleanup EXIT
+ip netns add "$A" && ip netns add "$B" || exit 1
+ip link add va type veth peer name vb || exit 1
+ip link set va netns "$A" && ip link set vb netns "$B"
+ip -n "$A" addr add $IPA/24 dev va && ip -n "$B" addr add $IPB/24 dev vb
+for n in "$A" "$B"; do ip -n "$n" link set lo up; done
+ip -n "$A" link set va up && ip -n "$B" link set vb up
+
+pass=0 fail=0
+# run NAME SERVER_CMD CLIENT_CMD ERE: the server in A, the client in B; both must exit 0 and the
+# client's output must match ERE.
+run() {
+  local name=$1 srv=$2 cli=$3 ere=$4
+  ip netns exec "$A" timeout 60 bash -c "$srv" >"$OUT/$name.server.log" 2>&1 & local sp=$!
+  sleep 0.5
+  local crc=1
+  for _ in 1 2 3 4 5; do
+    ip netns exec "$B" timeout 60 bash -c "$cli" >"$OUT/$name.client.log" 2>&1 && { crc=0; break; }
+    sleep 0.5
+  done
+  wait $sp; local src=$?
+  if [ $crc = 0 ] && [ $src = 0 ] && grep -Eq "$ere" "$OUT/$name.client.log"; then
+    echo "PASS $name"; pass=$((pass + 1))
+  else
+    echo "FAIL $name (server $src, client $crc)"; tail -n 5 "$OUT/$name.server.log" "$OUT/$name.client.log"
+    fail=$((fail + 1))
+  fi
+}
+
+run rping "$EX/rping -s -v -S 5000" "$EX/rping -c -a $IPA -C 20 -V -v -S 5000" '^ping data: rdma-ping-19: '
+run cmatose "$EX/cmatose -c 20 -C 50" "$EX/cmatose -s $IPA -c 20 -C 50" '^return status 0'
+run perftest-write-R "$EX/perftest write -R -n 500 -s 65536" "$EX/perftest write -R -n 500 -s 65536 $IPA" '^ *65536 +500 '
+# rc_pingpong has no rdma_cm: like ibv_rc_pingpong it takes the device it is given (srxe1 is the
+# veth; srxe0 is lo).
+run rc-pingpong "$EX/rc_pingpong -d srxe1 -g 1 -n 200 -s 4096" "$EX/rc_pingpong -d srxe1 -g 1 -n 200 -s 4096 $IPA" '^1638400 bytes in'
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
