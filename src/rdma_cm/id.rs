@@ -353,12 +353,7 @@ impl CmId {
         let ctx = if ip.is_unspecified() {
             None
         } else {
-            let c = route::context_for_local(ip)?;
-            if c.addr() != ip {
-                // A loopback address another process's endpoint holds.
-                return Err(CmaError::AddrInUse);
-            }
-            Some(c)
+            Some(route::context_for_local(ip)?)
         };
         let port = route::bind_port(self.inner().ps, ip, addr.port())?;
         st.reservation = Some((ip, port));

@@ -15,8 +15,10 @@ const EPHEMERAL: (u16, u16) = (32768, 60999);
 
 #[derive(Default)]
 struct Registry {
-    /// Open contexts by device name.
+    /// Each device's default context, by device name.
     contexts: HashMap<String, Context>,
+    /// Contexts bound to other addresses of a device on request (a given 127.x on `lo`).
+    extra: Vec<Context>,
     /// Bound ports: (port space, port) -> addresses bound on it (UNSPECIFIED: wildcard).
     ports: HashMap<(PortSpace, u16), Vec<Ipv4Addr>>,
     next_ephemeral: u16,
@@ -54,29 +56,33 @@ pub(crate) fn all_contexts() -> Result<Vec<Context>> {
     devs.iter().map(context_for).collect()
 }
 
-/// The context whose endpoint has address `a` (a loopback device may sit on another 127.x
-/// address than the interface's when another process took it: either matches).
+/// The context whose endpoint has address `a`. Any 127.x address is on `lo`: if no context has
+/// it yet, one is bound to exactly that address (another process holding it: `AddrInUse`).
 pub(crate) fn context_for_local(a: Ipv4Addr) -> Result<Context> {
     {
         let r = registry();
-        if let Some(c) = r.contexts.values().find(|c| c.addr() == a) {
+        if let Some(c) = r.contexts.values().chain(r.extra.iter()).find(|c| c.addr() == a) {
             return Ok(c.clone());
         }
     }
     let devs = devices()?;
-    let dev = devs
-        .iter()
-        .find(|d| d.addr() == a)
-        .or_else(|| {
-            a.is_loopback()
-                .then(|| devs.iter().find(|d| d.addr().is_loopback()))
-                .flatten()
-        })
-        .ok_or(CmaError::AddrNotAvailable(a))?;
-    let c = context_for(dev)?;
-    if c.addr() != a && !a.is_loopback() {
-        return Err(CmaError::AddrNotAvailable(a));
+    if let Some(dev) = devs.iter().find(|d| d.addr() == a) {
+        let c = context_for(dev)?;
+        if c.addr() == a {
+            return Ok(c);
+        }
     }
+    let lo = devs
+        .iter()
+        .find(|d| d.addr().is_loopback())
+        .filter(|_| a.is_loopback())
+        .ok_or(CmaError::AddrNotAvailable(a))?;
+    let c = lo.at(a).open()?;
+    if c.addr() != a {
+        // Taken by another process; this context bound elsewhere and is dropped.
+        return Err(CmaError::AddrInUse);
+    }
+    registry().extra.push(c.clone());
     Ok(c)
 }
 

@@ -169,6 +169,14 @@ impl Device {
     pub fn open_with(&self, opts: &ContextOptions) -> Result<Context> {
         Context::open(self.clone(), opts)
     }
+
+    /// The same device on another address of its interface (another 127.x on `lo`).
+    pub(crate) fn at(&self, addr: Ipv4Addr) -> Device {
+        Device {
+            addr,
+            ..self.clone()
+        }
+    }
 }
 
 /// `struct ibv_device_attr`, the fields that mean something here.

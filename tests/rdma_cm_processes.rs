@@ -1,0 +1,132 @@
+//! rdma_cm between two processes on one machine: the rping and cmatose examples as server and
+//! client. The server binds a 127.0.0.x address of its own (`-a`/`-b`: its endpoint binds
+//! exactly that address), the client's endpoint takes the first free 127.0.0.x.
+
+mod examples_util;
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use examples_util::example;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn spawn(name: &str, args: &[&str]) -> Child {
+    Command::new(example(name))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {name}: {e}"))
+}
+
+/// A server process, killed if the test fails before it finished.
+struct Server(Option<Child>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Server {
+    fn finish(mut self, what: &str) -> Output {
+        finish(self.0.take().expect("running"), what)
+    }
+}
+
+/// Wait for `child` (killed after [`TIMEOUT`]).
+fn finish(mut child: Child, what: &str) -> Output {
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if t0.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "{what} did not finish in {TIMEOUT:?}:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run the client until it succeeds (the server may not listen yet: REJECTED), at most 20 times.
+fn client(name: &str, args: &[&str]) -> Output {
+    let mut last = None;
+    for _ in 0..20 {
+        let out = finish(spawn(name, args), name);
+        if out.status.success() {
+            return out;
+        }
+        last = Some(out);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let out = last.expect("ran");
+    panic!(
+        "{name} client kept failing:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A loopback address no endpoint uses (nothing answers on its UDP port 4791).
+fn free_loopback() -> String {
+    for x in 100..250u8 {
+        let a = std::net::Ipv4Addr::new(127, 0, 0, x);
+        if std::net::UdpSocket::bind((a, 4791)).is_ok() {
+            return a.to_string();
+        }
+    }
+    panic!("no free 127.0.0.x");
+}
+
+#[test]
+fn rping_and_cmatose_between_two_processes() {
+    let addr = free_loopback();
+    let port = (20000 + std::process::id() % 20000).to_string();
+    // rping: 10 pings of 3000 bytes (READ and WRITE span several packets), validated.
+    let server = Server(Some(spawn("rping", &["-s", "-a", &addr, "-v", "-S", "3000", "-p", &port])));
+    let c = client(
+        "rping",
+        &["-c", "-a", &addr, "-p", &port, "-C", "10", "-S", "3000", "-v", "-V"],
+    );
+    let s = server.finish("rping server");
+    assert!(s.status.success(), "rping server: {}", text(&s));
+    let (ct, st) = (text(&c), text(&s));
+    assert_eq!(ct.matches("ping data: rdma-ping-").count(), 10, "{ct}");
+    assert!(ct.contains("ping data: rdma-ping-9: "), "{ct}");
+    assert_eq!(st.matches("server ping data: rdma-ping-").count(), 10, "{st}");
+    assert!(st.contains("server DISCONNECT EVENT"), "{st}");
+
+    // cmatose: 8 connections, 30 messages each way.
+    let port = (20001 + std::process::id() % 20000).to_string();
+    let server = Server(Some(spawn(
+        "cmatose",
+        &["-b", &addr, "-p", &port, "-c", "8", "-C", "30"],
+    )));
+    let c = client(
+        "cmatose",
+        &["-s", &addr, "-p", &port, "-c", "8", "-C", "30"],
+    );
+    let s = server.finish("cmatose server");
+    let (ct, st) = (text(&c), text(&s));
+    assert!(s.status.success(), "{st}");
+    assert!(ct.contains("return status 0"), "{ct}");
+    assert!(st.contains("data transfers complete") && st.contains("disconnected"), "{st}");
+}
