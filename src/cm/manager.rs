@@ -28,6 +28,7 @@
 //! * Disconnect: a DREQ received produces [`CmEvent::Disconnected`]; the consumer answers with
 //!   [`CmManager::disconnect`], which sends the DREP (as `rdma_disconnect` does). Both sides then
 //!   stay in TIMEWAIT for the path's ACK timeout and report [`CmEvent::TimewaitExit`].
+//! * SIDR (UD service resolution, rdma_cm's UDP port space) is in [`super::sidr_manager`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
