@@ -28,6 +28,7 @@
 //! * Disconnect: a DREQ received produces [`CmEvent::Disconnected`]; the consumer answers with
 //!   [`CmManager::disconnect`], which sends the DREP (as `rdma_disconnect` does). Both sides then
 //!   stay in TIMEWAIT for the path's ACK timeout and report [`CmEvent::TimewaitExit`].
+//! * SIDR (UD service resolution, rdma_cm's UDP port space) is in [`super::sidr_manager`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -37,6 +38,7 @@ use super::mad::{self, attr, linux_tid, MadHdr, MAD_LEN};
 use super::private_data::{CmaHdr, CMA_HDR_LEN};
 use super::rej::rejected;
 use super::service_id::{self, PortSpace};
+use super::sidr_manager::{SidrRequestInfo, SidrStatus, SidrTable};
 use super::{
     drep, dreq, ipv4_to_gid, mra, rej, rep, req, CmMad, ConnectReject, ConnectReply,
     ConnectRequest, DisconnectReply, DisconnectRequest, MessageReceiptAck, PathInfo, PrivateData,
@@ -278,6 +280,19 @@ pub enum CmEvent {
     Disconnected { id: CmId, private_data: Vec<u8> },
     /// TIMEWAIT_EXIT: the connection's timewait ended; its comm ID is free again.
     TimewaitExit { id: CmId },
+    /// A SIDR_REQ matched a listener; answer with [`CmManager::sidr_reply`].
+    SidrRequest(SidrRequestInfo),
+    /// Our SIDR_REQ was answered (rdma_cm: ESTABLISHED with the UD QPN/Q_Key on success,
+    /// UNREACHABLE otherwise).
+    SidrReply {
+        id: CmId,
+        status: SidrStatus,
+        qpn: u32,
+        qkey: u32,
+        private_data: Vec<u8>,
+    },
+    /// Our SIDR_REQ was never answered (rdma_cm: UNREACHABLE).
+    SidrTimeout { id: CmId },
 }
 
 /// A snapshot of one connection.
@@ -335,12 +350,13 @@ const MRA_SERVICE_TIMEOUT: u8 = 24;
 
 /// The IB CM endpoint of one port.
 pub struct CmManager {
-    cfg: CmConfig,
+    pub(super) cfg: CmConfig,
     rng: u64,
-    listeners: HashMap<u64, ()>,
+    pub(super) listeners: HashMap<u64, ()>,
     conns: HashMap<u32, Conn>,
-    tx: VecDeque<(MadAddr, [u8; MAD_LEN])>,
-    events: VecDeque<CmEvent>,
+    pub(super) tx: VecDeque<(MadAddr, [u8; MAD_LEN])>,
+    pub(super) events: VecDeque<CmEvent>,
+    pub(super) sidr: SidrTable,
     /// MADs dropped because they did not parse or matched nothing.
     pub dropped: u64,
 }
@@ -367,6 +383,7 @@ impl CmManager {
             conns: HashMap::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
+            sidr: SidrTable::default(),
             dropped: 0,
         }
     }
@@ -384,10 +401,10 @@ impl CmManager {
         z ^ (z >> 31)
     }
 
-    fn new_comm_id(&mut self) -> u32 {
+    pub(super) fn new_comm_id(&mut self) -> u32 {
         loop {
             let id = self.next_rand() as u32;
-            if id != 0 && !self.conns.contains_key(&id) {
+            if id != 0 && !self.conns.contains_key(&id) && !self.sidr.has(id) {
                 return id;
             }
         }
@@ -701,11 +718,13 @@ impl CmManager {
             .values()
             .flat_map(|c| [c.retry.as_ref().map(|r| r.deadline), c.timewait_until])
             .flatten()
+            .chain(self.sidr.poll_timeout())
             .min()
     }
 
     /// Retransmit MADs whose timeout passed, give up on those out of retries, end timewaits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.sidr_handle_timeout(now);
         let mut ids: Vec<u32> = self.conns.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -791,6 +810,8 @@ impl CmManager {
             CmMad::Mra(r) => self.on_mra(now, &r),
             CmMad::Dreq(r) => self.on_dreq(now, src, &r),
             CmMad::Drep(r) => self.on_drep(now, &r),
+            CmMad::SidrReq(r) => self.on_sidr_req(src, &r),
+            CmMad::SidrRep(r) => self.on_sidr_rep(&r),
             _ => false,
         };
         if !handled {

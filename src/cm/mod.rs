@@ -26,6 +26,7 @@ pub mod req;
 pub mod rtu;
 pub mod service_id;
 pub mod sidr;
+pub mod sidr_manager;
 
 pub use apr::AlternatePathResponse;
 pub use drep::DisconnectReply;
