@@ -351,6 +351,11 @@ impl UdQp {
     fn push(&mut self, wc: Completion, extra: Option<(NetHeader, u8, u8)>) {
         let mut wc = wc;
         wc.qp_num = self.qpn;
+        wc.grh = extra.map(|(h, hop_limit, traffic_class)| WcGrh {
+            sgid: h.src_gid(),
+            hop_limit,
+            traffic_class,
+        });
         match wc.side {
             CqSide::Send => self.send_pending += 1,
             CqSide::Recv => self.recv_pending += 1,
@@ -617,6 +622,7 @@ fn send_wc(w: &SendWqe, status: WcStatus) -> Completion {
         solicited: false,
         side: CqSide::Send,
         vendor_err: 0,
+        grh: None,
     }
 }
 
@@ -639,6 +645,7 @@ fn recv_wc(
         solicited,
         side: CqSide::Recv,
         vendor_err: 0,
+        grh: None,
     }
 }
 
