@@ -1,5 +1,6 @@
 //! Runs the seed ports (`examples/send_recv.rs`, `examples/rdma_rw.rs`, `examples/epoll_loop.rs`)
-//! in their no-argument loopback mode as child processes and checks their exit status and output.
+//! in their no-argument loopback mode as child processes and checks their exit status and output;
+//! `ud_pingpong` runs as a server and a client over loopback.
 //!
 //! `cargo test` builds the examples, but `CARGO_BIN_EXE_*` only exists for `[[bin]]` targets, so
 //! the example binaries are found under `target/<profile>/examples/`, next to the `deps/`
@@ -147,4 +148,99 @@ fn epoll_loop_loopback() {
     want.push("epoll_loop: OK".into());
     // (The "N CQ events" counts vary with timing and are not checked.)
     assert_run("epoll_loop", &want);
+}
+
+/// Start `name args...` with its output collected on threads; returns the child and the readers.
+fn spawn(
+    name: &str,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::thread::JoinHandle<String>,
+    std::thread::JoinHandle<String>,
+) {
+    let path = example(name);
+    let mut child = Command::new(&path)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", path.display()));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        out.read_to_string(&mut s).ok();
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        err.read_to_string(&mut s).ok();
+        s
+    });
+    (child, t_out, t_err)
+}
+
+/// Wait for a child until `deadline` (killed then); returns (success, stdout, stderr).
+fn finish(
+    (mut child, t_out, t_err): (
+        std::process::Child,
+        std::thread::JoinHandle<String>,
+        std::thread::JoinHandle<String>,
+    ),
+    deadline: Instant,
+) -> (bool, String, String) {
+    let ok = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st.success();
+        }
+        if Instant::now() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (ok, t_out.join().unwrap(), t_err.join().unwrap())
+}
+
+/// `ud_pingpong` (ibv_ud_pingpong's flags) as server and client over loopback: both finish and
+/// print the byte and iteration counts.
+#[test]
+fn ud_pingpong_server_and_client() {
+    // A port of our own, so a concurrent pingpong test cannot take it.
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let args = ["-g", "0", "-n", "200", "-s", "1024", "-p", &port];
+    let deadline = Instant::now() + TIMEOUT;
+    let server = spawn("ud_pingpong", &args);
+    // The client fails at once while the server does not listen yet: retry it.
+    let client = loop {
+        let mut cargs = args.to_vec();
+        cargs.push("127.0.0.1");
+        let r = finish(spawn("ud_pingpong", &cargs), deadline);
+        if r.0 || !r.2.contains("Couldn't connect") || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let server = finish(server, deadline);
+    for (role, (ok, out, err)) in [("client", &client), ("server", &server)] {
+        assert!(
+            *ok,
+            "ud_pingpong {role} failed\n--- stdout\n{out}\n--- stderr\n{err}"
+        );
+        assert!(
+            out.lines().any(|l| l.starts_with("409600 bytes in ")),
+            "ud_pingpong {role}: no byte count\n{out}"
+        );
+        assert!(
+            out.lines().any(|l| l.starts_with("200 iters in ")),
+            "ud_pingpong {role}: no iteration count\n{out}"
+        );
+        assert!(
+            out.contains("  local address:  LID 0x0000, QPN 0x"),
+            "{out}"
+        );
+    }
 }

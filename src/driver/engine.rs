@@ -11,6 +11,7 @@ use std::time::Instant;
 use super::capture::Capture;
 use super::socket::Io;
 use crate::rdma_cm::core::{CmaCore, ModifyQp};
+use crate::transport::ud::{net_header_v4, UdQp};
 use crate::transport::{CqSide, QpAttr, QpState, RcQp};
 use crate::verbs::{
     guid_from_ipv4, ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, VerbsError,
@@ -24,6 +25,8 @@ const RX_BURST: usize = 64;
 const BUF_LEN: usize = 4096 + 256;
 /// First QPN handed out, as rxe (0 and 1 are the special QPs).
 const FIRST_QPN: u32 = 0x11;
+/// The GSI QP (QP1): CM MADs. Never an application UD QP.
+const GSI_QPN: u32 = 1;
 
 /// Counters of one endpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,8 +39,39 @@ pub struct Stats {
     pub tx_dropped: u64,
 }
 
+/// The transport of one QP.
+// Slots stay in the map: boxing the RC QP would only add an indirection on the hot path.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum QpTransport {
+    Rc(RcQp),
+    Ud(UdQp),
+}
+
+impl QpTransport {
+    pub fn state(&self) -> QpState {
+        match self {
+            QpTransport::Rc(q) => q.state(),
+            QpTransport::Ud(q) => q.state(),
+        }
+    }
+
+    /// The next timer (UD has none).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            QpTransport::Rc(q) => q.poll_timeout(),
+            QpTransport::Ud(_) => None,
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if let QpTransport::Rc(q) = self {
+            q.handle_timeout(now);
+        }
+    }
+}
+
 pub(crate) struct QpSlot {
-    pub rc: RcQp,
+    pub qp: QpTransport,
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
     pub pd: u32,
@@ -110,7 +144,7 @@ impl Engine {
     pub fn next_deadline(&self) -> Option<Instant> {
         self.qps
             .values()
-            .filter_map(|s| s.rc.poll_timeout())
+            .filter_map(|s| s.qp.poll_timeout())
             .chain(self.cma.poll_timeout())
             .min()
     }
@@ -136,8 +170,8 @@ impl Engine {
             self.on_datagram(n, from, mrs, local, now);
         }
         for (qpn, slot) in self.qps.iter_mut() {
-            if slot.rc.poll_timeout().is_some_and(|t| t <= now) {
-                slot.rc.handle_timeout(now);
+            if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
+                slot.qp.handle_timeout(now);
                 if !self.dirty.contains(qpn) {
                     self.dirty.push(*qpn);
                 }
@@ -168,7 +202,7 @@ impl Engine {
         for &qpn in &dirty {
             self.flush_qp(qpn, io, mrs, local, now);
             if let Some(slot) = self.qps.get_mut(&qpn) {
-                let st = slot.rc.state();
+                let st = slot.qp.state();
                 if st == QpState::Err && slot.last_state != QpState::Err {
                     events.push(AsyncEvent::QpFatal { qp_num: qpn });
                 }
@@ -212,8 +246,8 @@ impl Engine {
             }
         };
         let qpn = pkt.bth.dest_qpn;
-        if qpn == 1 {
-            // GSI: connection management MADs.
+        if qpn == GSI_QPN {
+            // GSI: connection management MADs go to the rdma_cm core, never to an app QP.
             self.cma.on_gsi_packet(now, *from.ip(), &pkt);
             self.cma_pending = true;
             return;
@@ -222,7 +256,18 @@ impl Engine {
             self.stats.rx_unknown_qp += 1;
             return;
         };
-        slot.rc.handle_packet(now, &pkt, &mrs.for_pd(slot.pd));
+        let mem = mrs.for_pd(slot.pd);
+        match &mut slot.qp {
+            QpTransport::Rc(rc) => rc.handle_packet(now, &pkt, &mem),
+            QpTransport::Ud(ud) => {
+                // The IPv4 header as it arrived (IP ID recovered by the ICRC check above).
+                let Some(net) = net_header_v4(&hdr) else {
+                    self.stats.rx_malformed += 1;
+                    return;
+                };
+                ud.handle_packet(&pkt, &net, &mem);
+            }
+        }
         if !self.dirty.contains(&qpn) {
             self.dirty.push(qpn);
         }
@@ -234,30 +279,38 @@ impl Engine {
             return;
         };
         let mem = mrs.for_pd(slot.pd);
-        let dst = slot.rc.destination().and_then(|av| ipv4_from_gid(&av.dgid));
         let (hdr_buf, body) = self.tx.split_at_mut(IPV4_LEN + UDP_LEN);
-        while let Some(len) = slot.rc.poll_transmit(now, &mem, body) {
-            let Some(dst) = dst else {
-                self.stats.tx_dropped += 1;
-                continue;
-            };
-            let hdr: &mut [u8; IPV4_LEN + UDP_LEN] = hdr_buf.try_into().expect("28 bytes");
-            Ipv4Udp::new(local, ROCE_V2_PORT, dst, ROCE_V2_PORT, len).emit(hdr);
-            icrc::fill_v4(hdr, &mut body[..len]);
-            if let Some(c) = &mut self.capture {
-                c.record(hdr, &body[..len], false);
+        let hdr: &mut [u8; IPV4_LEN + UDP_LEN] = hdr_buf.try_into().expect("28 bytes");
+        let mut out = Tx {
+            io,
+            local,
+            capture: &mut self.capture,
+            stats: &mut self.stats,
+        };
+        match &mut slot.qp {
+            QpTransport::Rc(rc) => {
+                let dst = rc.destination().and_then(|av| ipv4_from_gid(&av.dgid));
+                while let Some(len) = rc.poll_transmit(now, &mem, body) {
+                    out.send(hdr, &mut body[..len], dst);
+                }
+                while let Some(c) = rc.poll_completion() {
+                    match c.side {
+                        CqSide::Send => slot.send_cq.push(c),
+                        CqSide::Recv => slot.recv_cq.push(c),
+                    }
+                }
             }
-            send(
-                io,
-                &body[..len],
-                SocketAddrV4::new(dst, ROCE_V2_PORT),
-                &mut self.stats,
-            );
-        }
-        while let Some(c) = slot.rc.poll_completion() {
-            match c.side {
-                CqSide::Send => slot.send_cq.push(c),
-                CqSide::Recv => slot.recv_cq.push(c),
+            QpTransport::Ud(ud) => {
+                // Each UD packet goes to the IPv4 address of its own work request's AH.
+                while let Some(t) = ud.poll_transmit(&mem, body) {
+                    out.send(hdr, &mut body[..t.len], ipv4_from_gid(&t.av.dgid));
+                }
+                while let Some(c) = ud.poll_completion() {
+                    match c.wc.side {
+                        CqSide::Send => slot.send_cq.push(c.wc),
+                        CqSide::Recv => slot.recv_cq.push(c.wc),
+                    }
+                }
             }
         }
     }
@@ -278,9 +331,12 @@ impl Engine {
             let Some(s) = qps.get_mut(&qpn) else {
                 return false;
             };
-            let ok = s.rc.modify(a, now).is_ok();
+            let ok = match &mut s.qp {
+                QpTransport::Rc(q) => q.modify(a, now).is_ok(),
+                QpTransport::Ud(q) => q.modify(a).is_ok(),
+            };
             // A change the CM asked for is not a fatal error of the transport.
-            s.last_state = s.rc.state();
+            s.last_state = s.qp.state();
             if !dirty.contains(&qpn) {
                 dirty.push(qpn);
             }
@@ -289,19 +345,48 @@ impl Engine {
         f(cma, &mut modify, now)
     }
 
-    /// Deliver the CM's events (moving QPs as they say), send its MADs, and flush the QPs it
-    /// changed.
+    /// Deliver the CM's events (moving QPs as they say) and send its MADs.
     pub fn flush_cma(&mut self, io: &Io, local: Ipv4Addr, now: Instant) {
         self.with_cma(now, |core, modify, now| core.process(now, modify));
+        let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
+        let mut out = Tx {
+            io,
+            local,
+            capture: &mut self.capture,
+            stats: &mut self.stats,
+        };
         while let Some((dst, mut pkt)) = self.cma.poll_transmit() {
-            let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
-            Ipv4Udp::new(local, ROCE_V2_PORT, dst, ROCE_V2_PORT, pkt.len()).emit(&mut hdr);
-            icrc::fill_v4(&hdr, &mut pkt);
-            if let Some(c) = &mut self.capture {
-                c.record(&hdr, &pkt, false);
-            }
-            send(io, &pkt, SocketAddrV4::new(dst, ROCE_V2_PORT), &mut self.stats);
+            out.send(&mut hdr, &mut pkt, Some(dst));
         }
+    }
+}
+
+/// Where [`Engine::flush_qp`] sends: the socket, the capture, the counters.
+struct Tx<'a> {
+    io: &'a Io,
+    local: Ipv4Addr,
+    capture: &'a mut Option<Capture>,
+    stats: &'a mut Stats,
+}
+
+impl Tx<'_> {
+    /// Put the IPv4/UDP header in front of `pkt` (BTH to ICRC), fill the ICRC and send it.
+    fn send(&mut self, hdr: &mut [u8; IPV4_LEN + UDP_LEN], pkt: &mut [u8], dst: Option<Ipv4Addr>) {
+        let Some(dst) = dst else {
+            self.stats.tx_dropped += 1;
+            return;
+        };
+        Ipv4Udp::new(self.local, ROCE_V2_PORT, dst, ROCE_V2_PORT, pkt.len()).emit(hdr);
+        icrc::fill_v4(hdr, pkt);
+        if let Some(c) = self.capture {
+            c.record(hdr, pkt, false);
+        }
+        send(
+            self.io,
+            pkt,
+            SocketAddrV4::new(dst, ROCE_V2_PORT),
+            self.stats,
+        );
     }
 }
 

@@ -217,6 +217,19 @@ pub struct Completion {
     pub side: CqSide,
     /// Vendor error code; 0 unless the status is an error.
     pub vendor_err: u32,
+    /// `IBV_WC_GRH`: what a UD receive completion learned from the packet's GRH (network
+    /// header); `None` on RC and on send completions.
+    pub grh: Option<WcGrh>,
+}
+
+/// The GRH part of a UD receive completion: the first 40 bytes of the receive buffer hold the
+/// GRH area; this is what `ibv_init_ah_from_wc` reads from it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct WcGrh {
+    /// The sender's GID (IPv4-mapped over RoCEv2/IPv4).
+    pub sgid: [u8; 16],
+    pub hop_limit: u8,
+    pub traffic_class: u8,
 }
 
 /// QP states (`enum ibv_qp_state`), with libibverbs' numeric values.

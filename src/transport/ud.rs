@@ -218,6 +218,14 @@ const NAMES: [(u32, &str); 5] = [
     (PORT, "port_num"),
 ];
 
+/// Why [`UdQp::emit_send`] produced no packet.
+enum EmitFail {
+    /// The gather list is outside the PD's memory: a local protection error.
+    Gather,
+    /// The caller's buffer is too small.
+    NoRoom,
+}
+
 struct PendingSend {
     wqe: SendWqe,
     dest: UdDest,
@@ -255,6 +263,8 @@ pub struct UdQp {
     send_pending: usize,
     recv_pending: usize,
     drops: UdDrops,
+    /// The payload of the packet being built, reused from packet to packet.
+    tx_payload: Vec<u8>,
 }
 
 impl UdQp {
@@ -277,6 +287,7 @@ impl UdQp {
             send_pending: 0,
             recv_pending: 0,
             drops: UdDrops::default(),
+            tx_payload: Vec::new(),
         }
     }
 
@@ -351,6 +362,11 @@ impl UdQp {
     fn push(&mut self, wc: Completion, extra: Option<(NetHeader, u8, u8)>) {
         let mut wc = wc;
         wc.qp_num = self.qpn;
+        wc.grh = extra.map(|(h, hop_limit, traffic_class)| WcGrh {
+            sgid: h.src_gid(),
+            hop_limit,
+            traffic_class,
+        });
         match wc.side {
             CqSide::Send => self.send_pending += 1,
             CqSide::Recv => self.recv_pending += 1,
@@ -540,15 +556,51 @@ impl UdQp {
         }
         let p = self.sq.pop_front()?;
         let len = p.wqe.length() as usize;
-        let mut payload = vec![0u8; len];
+        // One payload buffer per QP, reused: no allocation per packet once it has grown.
+        let mut payload = std::mem::take(&mut self.tx_payload);
+        payload.clear();
+        payload.resize(len, 0);
+        let r = self.emit_send(&p, &mut payload, mem, buf);
+        self.tx_payload = payload;
+        let n = match r {
+            Ok(n) => n,
+            Err(EmitFail::Gather) => {
+                let wc = send_wc(&p.wqe, WcStatus::LocProtErr);
+                self.push(wc, None);
+                self.state = QpState::Err;
+                self.flush();
+                return None;
+            }
+            Err(EmitFail::NoRoom) => {
+                // The caller's buffer is too small: put the work back.
+                self.sq.push_front(p);
+                return None;
+            }
+        };
+        if p.signaled {
+            let wc = send_wc(&p.wqe, WcStatus::Success);
+            self.push(wc, None);
+        }
+        Some(UdTransmit {
+            len: n,
+            av: p.dest.av,
+            dest_qpn: p.dest.remote_qpn,
+        })
+    }
+
+    /// Gather `p`'s payload into `payload` and write its packet into `buf`.
+    fn emit_send(
+        &mut self,
+        p: &PendingSend,
+        payload: &mut [u8],
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+    ) -> Result<usize, EmitFail> {
+        let len = payload.len();
         if p.wqe.flags.inline {
             payload.copy_from_slice(&p.wqe.inline_data);
-        } else if gather(mem, &p.wqe.sg_list, &mut payload).is_err() {
-            let wc = send_wc(&p.wqe, WcStatus::LocProtErr);
-            self.push(wc, None);
-            self.state = QpState::Err;
-            self.flush();
-            return None;
+        } else if gather(mem, &p.wqe.sg_list, payload).is_err() {
+            return Err(EmitFail::Gather);
         }
         let (opcode, imm) = match p.wqe.op {
             SendOp::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, Some(imm)),
@@ -563,30 +615,16 @@ impl UdQp {
         } else {
             p.dest.remote_qkey
         };
-        let mut pkt = Packet::new(b, &payload);
+        let mut pkt = Packet::new(b, payload);
         pkt.deth = Some(Deth {
             qkey,
             resv8: 0,
             src_qpn: self.qpn,
         });
         pkt.immdt = imm;
-        let n = match pkt.emit(buf) {
-            Ok(n) => n,
-            Err(_) => {
-                // The caller's buffer is too small: put the work back.
-                self.sq_psn = self.sq_psn.sub(1);
-                self.sq.push_front(p);
-                return None;
-            }
-        };
-        if p.signaled {
-            let wc = send_wc(&p.wqe, WcStatus::Success);
-            self.push(wc, None);
-        }
-        Some(UdTransmit {
-            len: n,
-            av: p.dest.av,
-            dest_qpn: p.dest.remote_qpn,
+        pkt.emit(buf).map_err(|_| {
+            self.sq_psn = self.sq_psn.sub(1);
+            EmitFail::NoRoom
         })
     }
 
@@ -617,6 +655,7 @@ fn send_wc(w: &SendWqe, status: WcStatus) -> Completion {
         solicited: false,
         side: CqSide::Send,
         vendor_err: 0,
+        grh: None,
     }
 }
 
@@ -639,6 +678,7 @@ fn recv_wc(
         solicited,
         side: CqSide::Recv,
         vendor_err: 0,
+        grh: None,
     }
 }
 

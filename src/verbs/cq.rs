@@ -26,6 +26,7 @@ impl Default for Completion {
             solicited: false,
             side: crate::transport::CqSide::Send,
             vendor_err: 0,
+            grh: None,
         }
     }
 }

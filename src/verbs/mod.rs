@@ -6,8 +6,10 @@
 //!   Context::create_comp_channel() -> CompletionChannel (an fd for epoll)
 //!   Context::create_cq() -> CompletionQueue -> poll()/req_notify()/ack_events()
 //!   ProtectionDomain::create_qp() -> QueuePair -> modify()/post_send()/post_recv()
+//!   ProtectionDomain::create_ah() -> AddressHandle (UD: QueuePair::post_send_ud())
 //! ```
 
+mod ah;
 mod channel;
 mod context;
 mod cq;
@@ -18,6 +20,7 @@ mod mr;
 mod pd;
 mod qp;
 
+pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;
 pub use context::{Context, ContextOptions};
 pub use cq::{CompletionQueue, WorkCompletion};
@@ -28,12 +31,14 @@ pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;
-pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr};
+pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr, UdSendWr};
 
+/// Bytes at the front of every UD receive buffer that receive the GRH area.
+pub use crate::transport::ud::GRH_LEN;
 /// The transport types the verbs take and return, so `use softrdma::verbs::*` is enough.
 pub use crate::transport::{
     AccessFlags, AddressVector, CqSide, MemError, Mtu, PostError, QpAttr, QpCaps, QpError, QpState,
-    SendFlags, SendOp, Sge, WcOpcode, WcStatus,
+    SendFlags, SendOp, Sge, WcGrh, WcOpcode, WcStatus,
 };
 
 pub(crate) use context::Shared;

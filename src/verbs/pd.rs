@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::ah::{AddressHandle, AhAttr};
 use super::context::Shared;
 use super::error::{Result, VerbsError};
 
@@ -49,5 +50,19 @@ impl ProtectionDomain {
     /// `ibv_create_qp`.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         QueuePair::create(self, attr)
+    }
+
+    /// `ibv_create_ah`: an address handle for the UD QPs of this PD.
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
+        AddressHandle::create(self, attr)
+    }
+
+    /// `ibv_create_ah_from_wc`: an AH that answers the sender of a received UD message.
+    pub fn create_ah_from_wc(
+        &self,
+        port_num: u8,
+        wc: &crate::transport::Completion,
+    ) -> Result<AddressHandle> {
+        AddressHandle::from_completion(self, port_num, wc)
     }
 }

@@ -4,21 +4,28 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::ah::AddressHandle;
 use super::context::Shared;
 use super::cq::CompletionQueue;
 use super::device::{MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE};
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
-use crate::driver::engine::QpSlot;
+use crate::driver::engine::{QpSlot, QpTransport};
+use crate::transport::ud::{UdDest, UdQp};
 use crate::transport::{
     MemoryAccess, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWqe, SendFlags, SendOp, SendWqe,
     Sge,
 };
 
-/// `enum ibv_qp_type` (RC today).
+/// `enum ibv_qp_type`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum QpType {
+    /// Reliable Connected.
     Rc,
+    /// Unreliable Datagram: one packet per message (at most the port's active MTU), sent to
+    /// the address handle, QPN and Q_Key named in each [`UdSendWr`]; receive buffers start with
+    /// [`GRH_LEN`](super::GRH_LEN) bytes that receive the GRH area.
+    Ud,
 }
 
 /// `struct ibv_qp_init_attr`.
@@ -40,6 +47,21 @@ pub struct SendWr<'a> {
     pub flags: SendFlags,
 }
 
+/// `struct ibv_send_wr` for a UD QP: a SEND or SEND_WITH_IMM and its `wr.ud` destination.
+#[derive(Clone, Debug)]
+pub struct UdSendWr<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sg_list: &'a [Sge],
+    pub flags: SendFlags,
+    /// `wr.ud.ah`: an address handle of the QP's protection domain.
+    pub ah: &'a AddressHandle,
+    /// `wr.ud.remote_qpn`.
+    pub remote_qpn: u32,
+    /// `wr.ud.remote_qkey`; with the high bit set the QP's own Q_Key is sent instead.
+    pub remote_qkey: u32,
+}
+
 /// `struct ibv_recv_wr`.
 #[derive(Clone, Debug)]
 pub struct RecvWr<'a> {
@@ -50,6 +72,7 @@ pub struct RecvWr<'a> {
 /// A queue pair. Dropping it destroys it (`ibv_destroy_qp`).
 pub struct QueuePair {
     qpn: u32,
+    qp_type: QpType,
     pd: u32,
     caps: QpCaps,
     send_cq: CompletionQueue,
@@ -98,10 +121,19 @@ impl QueuePair {
             return Err(VerbsError::NoResources("too many QPs"));
         }
         let qpn = engine.alloc_qpn()?;
+        let qp = match attr.qp_type {
+            QpType::Rc => QpTransport::Rc(RcQp::new(qpn, caps, attr.sq_sig_all)),
+            QpType::Ud => QpTransport::Ud(UdQp::new(
+                qpn,
+                caps,
+                attr.sq_sig_all,
+                pd.shared.device.active_mtu(),
+            )),
+        };
         engine.insert_qp(
             qpn,
             QpSlot {
-                rc: RcQp::new(qpn, caps, attr.sq_sig_all),
+                qp,
                 send_cq: attr.send_cq.inner.clone(),
                 recv_cq: attr.recv_cq.inner.clone(),
                 pd: pd.id,
@@ -113,6 +145,7 @@ impl QueuePair {
         attr.recv_cq.inner.qp_refs.fetch_add(1, Ordering::AcqRel);
         Ok(QueuePair {
             qpn,
+            qp_type: attr.qp_type,
             pd: pd.id,
             caps,
             send_cq: attr.send_cq.clone(),
@@ -124,6 +157,11 @@ impl QueuePair {
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         self.qpn
+    }
+
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
     }
 
     /// Capacities as granted (`ibv_query_qp` with `IBV_QP_CAP`).
@@ -142,7 +180,7 @@ impl QueuePair {
             .expect("a live QueuePair has an engine slot");
         let r = f(slot);
         // A state change made by a verb is no async event.
-        slot.last_state = slot.rc.state();
+        slot.last_state = slot.qp.state();
         e.flush_qp(
             self.qpn,
             &self.shared.io,
@@ -153,14 +191,14 @@ impl QueuePair {
         if let Some(slot) = e.qp_mut(self.qpn) {
             // Transmitting can fail the QP (a local protection error, say): that is the
             // transport's doing.
-            let st = slot.rc.state();
+            let st = slot.qp.state();
             if st == QpState::Err && slot.last_state != QpState::Err {
                 self.shared
                     .async_events
                     .push(super::AsyncEvent::QpFatal { qp_num: self.qpn });
             }
             slot.last_state = st;
-            let deadline = slot.rc.poll_timeout();
+            let deadline = slot.qp.poll_timeout();
             self.shared.kick_if_earlier(deadline);
         }
         Ok(r)
@@ -168,61 +206,124 @@ impl QueuePair {
 
     /// `ibv_modify_qp`: the attributes that are `Some` are in the mask.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
-        self.with(|s| s.rc.modify(attr, Instant::now()))??;
+        self.with(|s| match &mut s.qp {
+            QpTransport::Rc(q) => q.modify(attr, Instant::now()).map(|_| ()),
+            QpTransport::Ud(q) => q.modify(attr),
+        })??;
         Ok(())
     }
 
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<QpAttr> {
-        self.with(|s| s.rc.query())
+        self.with(|s| match &s.qp {
+            QpTransport::Rc(q) => q.query(),
+            QpTransport::Ud(q) => q.query(),
+        })
     }
 
     /// Current state.
     pub fn state(&self) -> Result<QpState> {
-        self.with(|s| s.rc.state())
+        self.with(|s| s.qp.state())
     }
 
     /// `ibv_post_send`: queue the WRs in order and start sending on this thread. Stops at the
-    /// first WR that cannot be posted and returns its index, like `bad_wr`.
+    /// first WR that cannot be posted and returns its index, like `bad_wr`. A UD QP takes
+    /// [`QueuePair::post_send_ud`] instead (its WRs name a destination).
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if self.qp_type != QpType::Rc {
+            return Err(VerbsError::InvalidArgument(
+                "UD QP: post with post_send_ud (a WR needs an AH, QPN and Q_Key)",
+            ));
+        }
         let mem = self.shared.mrs.for_pd(self.pd);
         let r = self.with(|s| {
+            let QpTransport::Rc(rc) = &mut s.qp else {
+                unreachable!("checked above")
+            };
             for (index, wr) in wrs.iter().enumerate() {
-                let mut inline_data = Vec::new();
-                if wr.flags.inline {
-                    let total: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
-                    if total > self.caps.max_inline_data as usize {
-                        return Err(VerbsError::Post {
-                            index,
-                            error: PostError::InlineTooLong {
-                                got: total,
-                                max: self.caps.max_inline_data,
-                            },
-                        });
-                    }
-                    inline_data.resize(total, 0);
-                    let mut at = 0;
-                    for sge in wr.sg_list {
-                        let dst = &mut inline_data[at..at + sge.length as usize];
-                        // Inline data is copied now; an SGE outside any MR is a bad WR.
-                        mem.local_read(sge.lkey, sge.addr, dst)
-                            .map_err(|error| VerbsError::PostInline { index, error })?;
-                        at += sge.length as usize;
-                    }
-                }
-                let wqe = SendWqe {
-                    wr_id: wr.wr_id,
-                    op: wr.op,
-                    flags: wr.flags,
-                    sg_list: wr.sg_list.to_vec(),
-                    inline_data,
-                };
-                s.rc.post_send(wqe)
+                let wqe = self.wqe(&mem, index, wr.wr_id, wr.op, wr.sg_list, wr.flags)?;
+                rc.post_send(wqe)
                     .map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
         })?;
         r
+    }
+
+    /// `ibv_post_send` on a UD QP: each WR is one message of at most the port's active MTU
+    /// (a longer one is refused here, as rdma_rxe refuses it with EINVAL), to its own AH.
+    pub fn post_send_ud(&self, wrs: &[UdSendWr<'_>]) -> Result<()> {
+        if self.qp_type != QpType::Ud {
+            return Err(VerbsError::InvalidArgument(
+                "post_send_ud needs a UD QP (use post_send)",
+            ));
+        }
+        for wr in wrs {
+            if wr.ah.pd != self.pd || !Arc::ptr_eq(&wr.ah.shared, &self.shared) {
+                return Err(VerbsError::InvalidArgument(
+                    "AH belongs to another protection domain",
+                ));
+            }
+        }
+        let mem = self.shared.mrs.for_pd(self.pd);
+        let r = self.with(|s| {
+            let QpTransport::Ud(ud) = &mut s.qp else {
+                unreachable!("checked above")
+            };
+            for (index, wr) in wrs.iter().enumerate() {
+                let wqe = self.wqe(&mem, index, wr.wr_id, wr.op, wr.sg_list, wr.flags)?;
+                let dest = UdDest {
+                    av: wr.ah.av(),
+                    remote_qpn: wr.remote_qpn,
+                    remote_qkey: wr.remote_qkey,
+                };
+                ud.post_send(wqe, dest)
+                    .map_err(|error| VerbsError::Post { index, error })?;
+            }
+            Ok(())
+        })?;
+        r
+    }
+
+    /// The send WQE of one WR; inline data is copied now.
+    fn wqe(
+        &self,
+        mem: &dyn MemoryAccess,
+        index: usize,
+        wr_id: u64,
+        op: SendOp,
+        sg_list: &[Sge],
+        flags: SendFlags,
+    ) -> Result<SendWqe> {
+        let mut inline_data = Vec::new();
+        if flags.inline {
+            let total: usize = sg_list.iter().map(|s| s.length as usize).sum();
+            if total > self.caps.max_inline_data as usize {
+                return Err(VerbsError::Post {
+                    index,
+                    error: PostError::InlineTooLong {
+                        got: total,
+                        max: self.caps.max_inline_data,
+                    },
+                });
+            }
+            inline_data.resize(total, 0);
+            let mut at = 0;
+            for sge in sg_list {
+                let dst = &mut inline_data[at..at + sge.length as usize];
+                // Inline data is copied now; an SGE outside any MR is a bad WR.
+                mem.local_read(sge.lkey, sge.addr, dst)
+                    .map_err(|error| VerbsError::PostInline { index, error })?;
+                at += sge.length as usize;
+            }
+        }
+        Ok(SendWqe {
+            wr_id,
+            op,
+            flags,
+            sg_list: sg_list.to_vec(),
+            inline_data,
+        })
     }
 
     /// `ibv_post_recv`.
@@ -233,8 +334,11 @@ impl QueuePair {
                     wr_id: wr.wr_id,
                     sg_list: wr.sg_list.to_vec(),
                 };
-                s.rc.post_recv(wqe)
-                    .map_err(|error| VerbsError::Post { index, error })?;
+                match &mut s.qp {
+                    QpTransport::Rc(q) => q.post_recv(wqe),
+                    QpTransport::Ud(q) => q.post_recv(wqe),
+                }
+                .map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
         })?

@@ -110,6 +110,30 @@ rc_pingpong_pair 10k      "-g 1 -n 100 -s 10000"
 rc_pingpong_pair 10k-m4096 "-g 1 -n 100 -s 10000 -m 4096"
 rc_pingpong_pair 4k-events "-g 1 -n 100 -s 4096 -e"
 
+# --- softrdma <-> kernel: ud_pingpong (examples/ud_pingpong.rs), SKIP until it is built. ----------
+# Same exchange as rc_pingpong (TCP 18515, LID:QPN:PSN:GID); every message is one UD SEND with
+# Q_Key 0x11111111 to an AH built from the peer's GID; receive buffers start with the 40-byte GRH
+# area. The guest's port MTU is 4096 (eth0 MTU 9000), so -s may be up to 4096.
+# ud_pingpong_pair TAG ARGS: kernel server + softrdma client, then softrdma server + kernel client.
+ud_pingpong_pair() {
+  local tag=$1 args=$2 n s bytes
+  n=$(sed -nE 's/.*-n ([0-9]+).*/\1/p' <<<"$args"); s=$(sed -nE 's/.*-s ([0-9]+).*/\1/p' <<<"$args")
+  bytes=$((2 * n * s))
+  scenario "ud-pingpong-$tag-kernel-server" role=host-client needs=ud_pingpong timeout=60 \
+    desc="kernel ibv_ud_pingpong $args server in the guest, softrdma ud_pingpong client" \
+    guest="ibv_ud_pingpong -d rxe0 $args & srv=\$!; wait_listen 18515 && ready && wait \$srv" \
+    host="\"\$EX/ud_pingpong\" $args \$GUEST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+  scenario "ud-pingpong-$tag-host-server" role=host-server needs=ud_pingpong timeout=60 \
+    desc="softrdma ud_pingpong $args server, kernel ibv_ud_pingpong client in the guest" \
+    host="\"\$EX/ud_pingpong\" $args" host_ready='host_listening 18515' \
+    guest="ibv_ud_pingpong -d rxe0 $args \$HOST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+}
+ud_pingpong_pair 2k     "-g 1 -n 100 -s 2048"
+ud_pingpong_pair 4k     "-g 1 -n 100 -s 4096"
+ud_pingpong_pair 1k-events "-g 1 -n 100 -s 1024 -e"
+
 # --- perftest <-> kernel: one-sided WRITE/READ/atomics (examples/perftest.rs), SKIP until built. ---
 # One-sided operations against perftest without -R (QP data exchanged over TCP port 18515, GID index
 # with -x 1), softrdma side: examples/perftest.rs (`perftest write|read|atomic [opts] [server]`).

@@ -336,6 +336,7 @@ pub(crate) fn complete(
         solicited: false,
         side: CqSide::Send,
         vendor_err: 0,
+        grh: None,
     });
 }
 

@@ -658,6 +658,7 @@ fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
         solicited: false,
         side: CqSide::Recv,
         vendor_err: 0,
+        grh: None,
     }
 }
 

@@ -193,6 +193,7 @@ impl Responder {
             solicited,
             side: CqSide::Recv,
             vendor_err: 0,
+            grh: None,
         }
     }
 
