@@ -36,6 +36,8 @@ pub struct Stats {
     pub rx_bad_icrc: u64,
     pub rx_malformed: u64,
     pub rx_unknown_qp: u64,
+    /// Packets to the GSI QP1 (connection management), handed to the rdma_cm core.
+    pub rx_gsi: u64,
     pub tx_dropped: u64,
 }
 
@@ -248,6 +250,7 @@ impl Engine {
         let qpn = pkt.bth.dest_qpn;
         if qpn == GSI_QPN {
             // GSI: connection management MADs go to the rdma_cm core, never to an app QP.
+            self.stats.rx_gsi += 1;
             self.cma.on_gsi_packet(now, *from.ip(), &pkt);
             self.cma_pending = true;
             return;
