@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use super::event::{ConnParam, EventParam, EventType, RawEvent};
+use super::event::{ConnParam, EventParam, EventType, RawEvent, UdParam};
 use super::id::{CmId, Handle, IdInner, Phase};
 use crate::cm::manager::{
     CmConfig, CmEvent as IbEvent, CmId as IbId, CmManager, ConnState, ConnectRequestInfo,
     EstablishedInfo,
 };
 use crate::cm::mad::MAD_LEN;
+use crate::cm::sidr_manager::{SidrRequestInfo, SidrStatus};
 use crate::cm::service_id;
 use crate::transport::{AccessFlags, AddressVector, Mtu, QpAttr, QpState};
 use crate::verbs::{gid_from_ipv4, ipv4_from_gid, Context, Shared};
@@ -251,10 +252,86 @@ impl CmaCore {
                         }
                     }
                 }
-                #[allow(unreachable_patterns)]
-                _ => {}
+                IbEvent::SidrRequest(info) => self.on_sidr_request(info),
+                IbEvent::SidrReply {
+                    id,
+                    status,
+                    qpn,
+                    qkey,
+                    private_data,
+                } => {
+                    let Some(rec) = self.conns.get(&id.0) else { continue };
+                    let peer = rec.inner.state().peer_gid();
+                    let mut ud = UdParam {
+                        private_data,
+                        ah_attr: ud_av(peer),
+                        qp_num: qpn,
+                        qkey,
+                    };
+                    // As cma_sidr_rep_handler: anything but success is UNREACHABLE with the
+                    // SIDR status.
+                    let (phase, ev, st) = if status == SidrStatus::Ok {
+                        (Phase::Established, EventType::Established, 0)
+                    } else {
+                        ud.qp_num = 0;
+                        (Phase::Idle, EventType::Unreachable, status.code() as i32)
+                    };
+                    self.finish(id, phase, ev, st, EventParam::Ud(ud));
+                }
+                IbEvent::SidrTimeout { id } => self.finish(
+                    id,
+                    Phase::Idle,
+                    EventType::Unreachable,
+                    -libc::ETIMEDOUT,
+                    EventParam::None,
+                ),
             }
         }
+    }
+
+    /// A SIDR_REQ for a listened UDP port: a new id and CONNECT_REQUEST, as for a REQ.
+    fn on_sidr_request(&mut self, info: SidrRequestInfo) {
+        let id = info.id;
+        let listener = self.listeners.get(&info.service_id).and_then(|l| {
+            if l.inner.is_destroyed() {
+                return None;
+            }
+            l.handle.upgrade().map(|h| (CmId(h), l.inner.clone()))
+        });
+        let (Some((lid, linner)), Some(ctx)) = (listener, self.context()) else {
+            let _ = self.cm.sidr_reply(Instant::now(), id, SidrStatus::Unsupported, 0, 0, &[]);
+            return;
+        };
+        let port = service_id::split(info.service_id).map_or(0, |(_, p)| p);
+        let local = SocketAddrV4::new(self.local, port);
+        let remote = info
+            .cma
+            .as_ref()
+            .and_then(|h| match h.src_ip() {
+                Some(std::net::IpAddr::V4(a)) => Some(SocketAddrV4::new(a, h.src_port)),
+                _ => None,
+            })
+            .or_else(|| ipv4_from_gid(&info.peer.gid).map(|a| SocketAddrV4::new(a, 0)));
+        let child = IdInner::child_ud(&linner, ctx, local, remote, id, info.peer.gid);
+        let handle = Arc::new(Handle::new(child.clone()));
+        self.conns.insert(
+            id.0,
+            ConnRec {
+                handle: Arc::downgrade(&handle),
+                inner: child,
+                listen_sid: Some(info.service_id),
+            },
+        );
+        let param = EventParam::Ud(UdParam {
+            private_data: info.private_data,
+            ah_attr: ud_av(info.peer.gid),
+            // A SIDR_REQ names no QP of the requester.
+            qp_num: 0,
+            qkey: 0,
+        });
+        let mut ev = RawEvent::new(CmId(handle), EventType::ConnectRequest, 0, param);
+        ev.listen_id = Some(lid);
+        push(&linner, ev);
     }
 
     /// REJECTED, UNREACHABLE, CONNECT_ERROR: the connection is over before it began.
@@ -414,6 +491,10 @@ impl CmaCore {
                 Some(ConnState::Established | ConnState::DreqRcvd) => {
                     let _ = self.cm.disconnect(now, id, &[]);
                 }
+                None => {
+                    // A SIDR request never answered: refuse it (no-op for other ids).
+                    let _ = self.cm.sidr_reply(now, id, SidrStatus::Reject, 0, 0, &[]);
+                }
                 Some(
                     ConnState::ReqSent
                     | ConnState::MraReqRcvd
@@ -454,6 +535,20 @@ fn zero_param() -> ConnParam {
         rnr_retry_count: 0,
         srq: false,
         qp_num: 0,
+    }
+}
+
+/// The address vector toward `gid` that rdma_cm reports for UD (`event->param.ud.ah_attr`).
+pub(crate) fn ud_av(gid: [u8; 16]) -> AddressVector {
+    AddressVector {
+        dgid: gid,
+        sgid_index: 1,
+        hop_limit: 64,
+        traffic_class: 0,
+        flow_label: 0,
+        dlid: 0,
+        sl: 0,
+        port_num: 1,
     }
 }
 

@@ -11,12 +11,16 @@ use super::core::{CmaCore, ModifyQp, Transition, DESTROY_GEN};
 use super::error::{CmaError, Result};
 use super::event::{ConnParam, EventParam, EventType, RawEvent};
 use super::route;
-use crate::cm::manager::{AcceptParams, CmId as IbId, ConnectParams, ConnectRequestInfo};
-use crate::cm::private_data::CMA_HDR_LEN;
+use crate::cm::manager::{
+    AcceptParams, CmId as IbId, ConnectParams, ConnectRequestInfo, MadAddr,
+};
+use crate::cm::private_data::{CmaHdr, CMA_HDR_LEN};
+use crate::cm::sidr;
+use crate::cm::sidr_manager::{SidrParams, SidrStatus, RDMA_UDP_QKEY};
 use crate::cm::service_id::PortSpace;
 use crate::cm::{rej, rep, req};
 use crate::transport::{AccessFlags, Mtu, QpAttr, QpState};
-use crate::verbs::{gid_from_ipv4, Context, ProtectionDomain, QpInitAttr, QueuePair};
+use crate::verbs::{gid_from_ipv4, Context, ProtectionDomain, QpInitAttr, QpType, QueuePair};
 
 /// Where an id is in its life (librdmacm's `enum rdma_cm_state`, simplified).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -67,6 +71,8 @@ pub(crate) struct IdState {
     pub flow_label: u32,
     pub param: ConnParam,
     pub req: Option<ConnectRequestInfo>,
+    /// The requester's GID of an incoming SIDR request.
+    pub sidr_peer: Option<[u8; 16]>,
     pub timeouts: CmTimeouts,
 }
 
@@ -93,6 +99,9 @@ impl Default for CmTimeouts {
 
 impl IdState {
     pub fn peer_gid(&self) -> [u8; 16] {
+        if let Some(g) = self.sidr_peer {
+            return g;
+        }
         match (&self.req, self.remote) {
             (Some(r), _) => r.peer.gid,
             (None, Some(a)) => gid_from_ipv4(*a.ip()),
@@ -150,6 +159,27 @@ impl IdInner {
             remote,
             conn: Some(conn),
             req: Some(req),
+            ..blank_state()
+        };
+        IdInner::new(listener.channel.clone(), listener.ps, st)
+    }
+
+    /// The id of an incoming SIDR request (UDP port space), on `listener`'s channel.
+    pub(crate) fn child_ud(
+        listener: &Arc<IdInner>,
+        ctx: Context,
+        local: SocketAddrV4,
+        remote: Option<SocketAddrV4>,
+        conn: IbId,
+        peer_gid: [u8; 16],
+    ) -> Arc<IdInner> {
+        let st = IdState {
+            phase: Phase::ConnectRequest,
+            ctx: Some(ctx),
+            local: Some(local),
+            remote,
+            conn: Some(conn),
+            sidr_peer: Some(peer_gid),
             ..blank_state()
         };
         IdInner::new(listener.channel.clone(), listener.ps, st)
@@ -216,6 +246,7 @@ fn blank_state() -> IdState {
         flow_label: 0,
         param: ConnParam::default(),
         req: None,
+        sidr_peer: None,
         timeouts: CmTimeouts::default(),
     }
 }
@@ -281,9 +312,9 @@ fn v4(a: SocketAddr) -> Result<SocketAddrV4> {
 
 impl CmId {
     pub(crate) fn new(channel: &Arc<ChannelInner>, ps: PortSpace) -> Result<CmId> {
-        if !matches!(ps, PortSpace::Tcp) {
+        if !matches!(ps, PortSpace::Tcp | PortSpace::Udp) {
             return Err(CmaError::InvalidArgument(
-                "port space not supported (RDMA_PS_TCP only)",
+                "port space not supported (RDMA_PS_TCP and RDMA_PS_UDP)",
             ));
         }
         let inner = IdInner::new(Arc::downgrade(channel), ps, blank_state());
@@ -466,14 +497,40 @@ impl CmId {
         if self.inner().state().qpn.is_some() {
             return Err(CmaError::InvalidState("the id already has a QP"));
         }
+        let ud = self.inner().ps == PortSpace::Udp;
+        if ud != (attr.qp_type == QpType::Ud) {
+            return Err(CmaError::InvalidArgument(
+                "RDMA_PS_TCP ids take RC QPs, RDMA_PS_UDP ids UD QPs",
+            ));
+        }
         let qp = pd.create_qp(attr)?;
-        qp.modify(&QpAttr {
-            qp_state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(AccessFlags::NONE),
-            ..Default::default()
-        })?;
+        if ud {
+            // As librdmacm's ucma_init_ud_qp: straight to RTS with rdma_cm's UDP Q_Key.
+            qp.modify(&QpAttr {
+                qp_state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port_num: Some(1),
+                qkey: Some(RDMA_UDP_QKEY),
+                ..Default::default()
+            })?;
+            qp.modify(&QpAttr {
+                qp_state: Some(QpState::Rtr),
+                ..Default::default()
+            })?;
+            qp.modify(&QpAttr {
+                qp_state: Some(QpState::Rts),
+                sq_psn: Some(0),
+                ..Default::default()
+            })?;
+        } else {
+            qp.modify(&QpAttr {
+                qp_state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port_num: Some(1),
+                qp_access_flags: Some(AccessFlags::NONE),
+                ..Default::default()
+            })?;
+        }
         self.inner().state().qpn = Some(qp.qp_num());
         Ok(qp)
     }
@@ -481,6 +538,9 @@ impl CmId {
     /// `rdma_connect`: send the REQ. ESTABLISHED follows when the peer accepts (the QP is then
     /// in RTS), REJECTED or UNREACHABLE when it does not.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        if self.inner().ps == PortSpace::Udp {
+            return self.connect_ud(param);
+        }
         let max = req::PRIVATE_DATA_LEN - CMA_HDR_LEN;
         if param.private_data.len() > max {
             return Err(CmaError::PrivateDataTooLong {
@@ -532,9 +592,88 @@ impl CmId {
         })?
     }
 
+    /// `rdma_connect` in the UDP port space: a SIDR_REQ. ESTABLISHED carries the peer's QPN,
+    /// Q_Key and an address vector for an address handle; UNREACHABLE a refusal or a timeout.
+    fn connect_ud(&self, param: &ConnParam) -> Result<()> {
+        let max = sidr::REQ_PRIVATE_DATA_LEN - CMA_HDR_LEN;
+        if param.private_data.len() > max {
+            return Err(CmaError::PrivateDataTooLong {
+                len: param.private_data.len(),
+                max,
+            });
+        }
+        let ctx = {
+            let st = self.inner().state();
+            Self::check_phase(&st, &[Phase::RouteResolved])?;
+            st.ctx.clone().expect("resolved")
+        };
+        ctx.with_cma(|core, _, now| -> Result<()> {
+            core.attach(&ctx);
+            let mut st = self.inner().state();
+            Self::check_phase(&st, &[Phase::RouteResolved])?;
+            let (local, remote) = (st.local.expect("resolved"), st.remote.expect("resolved"));
+            let mut p = SidrParams::rdma_cm_udp(
+                MadAddr::gsi_v4(*remote.ip()),
+                CmaHdr::v4(local, *remote.ip()),
+                remote.port(),
+                param.private_data.clone(),
+            );
+            p.timeout = crate::cm::manager::iba_time(st.timeouts.cm_response_timeout);
+            p.max_retries = st.timeouts.max_cm_retries;
+            let id = core
+                .cm
+                .sidr_request(now, &p)
+                .map_err(|_| CmaError::InvalidArgument("SIDR parameters"))?;
+            core.add_conn(id, Arc::downgrade(&self.0), self.inner().clone());
+            st.conn = Some(id);
+            st.param = param.clone();
+            st.phase = Phase::Connecting;
+            Ok(())
+        })?
+    }
+
+    /// `rdma_accept` in the UDP port space: the SIDR_REP with this id's QP and Q_Key.
+    fn accept_ud(&self, param: &ConnParam) -> Result<()> {
+        if param.private_data.len() > sidr::REP_PRIVATE_DATA_LEN {
+            return Err(CmaError::PrivateDataTooLong {
+                len: param.private_data.len(),
+                max: sidr::REP_PRIVATE_DATA_LEN,
+            });
+        }
+        let ctx = {
+            let st = self.inner().state();
+            Self::check_phase(&st, &[Phase::ConnectRequest])?;
+            if st.qpn.is_none() {
+                return Err(CmaError::InvalidState("no QP (create_qp first)"));
+            }
+            st.ctx.clone().expect("incoming ids have a device")
+        };
+        ctx.with_cma(|core, _, now| -> Result<()> {
+            let mut st = self.inner().state();
+            Self::check_phase(&st, &[Phase::ConnectRequest])?;
+            let id = st.conn.take().expect("connect request");
+            core.cm
+                .sidr_reply(
+                    now,
+                    id,
+                    SidrStatus::Ok,
+                    st.qpn.expect("checked"),
+                    RDMA_UDP_QKEY,
+                    &param.private_data,
+                )
+                .map_err(|_| CmaError::InvalidState("the request is gone"))?;
+            core.remove_conn(id);
+            st.phase = Phase::Established;
+            Ok(())
+        })?
+    }
+
     /// `rdma_accept` (on the id of a CONNECT_REQUEST): move the QP to RTS and send the REP.
-    /// ESTABLISHED follows when the RTU arrives.
+    /// ESTABLISHED follows when the RTU arrives. In the UDP port space: the SIDR_REP.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        if self.inner().ps == PortSpace::Udp {
+            return self.accept_ud(param);
+        }
         if param.private_data.len() > rep::PRIVATE_DATA_LEN {
             return Err(CmaError::PrivateDataTooLong {
                 len: param.private_data.len(),
@@ -597,10 +736,15 @@ impl CmId {
     /// `rdma_reject` (on the id of a CONNECT_REQUEST): REJ with up to 148 bytes of private data;
     /// the peer sees REJECTED with status 28 (consumer defined).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
-        if private_data.len() > rej::PRIVATE_DATA_LEN {
+        let max = if self.inner().ps == PortSpace::Udp {
+            sidr::REP_PRIVATE_DATA_LEN
+        } else {
+            rej::PRIVATE_DATA_LEN
+        };
+        if private_data.len() > max {
             return Err(CmaError::PrivateDataTooLong {
                 len: private_data.len(),
-                max: rej::PRIVATE_DATA_LEN,
+                max,
             });
         }
         let ctx = {
@@ -608,11 +752,16 @@ impl CmId {
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             st.ctx.clone().expect("incoming ids have a device")
         };
-        ctx.with_cma(|core, _, _| -> Result<()> {
+        let ud = self.inner().ps == PortSpace::Udp;
+        ctx.with_cma(|core, _, now| -> Result<()> {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             let id = st.conn.take().expect("connect request");
-            let _ = core.cm.reject(id, private_data);
+            if ud {
+                let _ = core.cm.sidr_reply(now, id, SidrStatus::Reject, 0, 0, private_data);
+            } else {
+                let _ = core.cm.reject(id, private_data);
+            }
             core.remove_conn(id);
             st.phase = Phase::Idle;
             Ok(())
