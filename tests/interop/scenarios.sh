@@ -222,3 +222,17 @@ perftest_r_pair() {
 perftest_r_pair write write "-x 1 -F -n 200 -s 65536" 65536 200
 perftest_r_pair read  read  "-x 1 -F -n 200 -s 65536" 65536 200
 perftest_r_pair send  send  "-x 1 -F -n 200 -s 65536" 65536 200
+
+# --- rdma_cm UDP port space <-> kernel: udaddy (examples/udaddy.rs). ------------------------------
+# SIDR_REQ/SIDR_REP resolve the server's UD QP and Q_Key; the client SENDs with its QPN as
+# immediate data, the server replies through an address handle made from the first receive.
+scenario udaddy-kernel-server role=host-client needs=udaddy timeout=90 \
+  desc="kernel udaddy server (2 ids x 20 datagrams) in the guest, softrdma udaddy client" \
+  guest='udaddy -c 2 -C 20 & srv=$!; sleep 3; ready; wait $srv' \
+  host='for i in 1 2 3 4 5 6; do "$EX/udaddy" -s $GUEST_IP -c 2 -C 20 && exit 0; sleep 2; done; exit 1' \
+  expect_host='^return status 0' expect_guest='^return status 0' expect_guest='^data transfers complete'
+scenario udaddy-host-server role=host-server needs=udaddy timeout=90 \
+  desc="softrdma udaddy server (2 ids x 20 datagrams), kernel udaddy client in the guest" \
+  host='"$EX/udaddy" -b $HOST_IP -c 2 -C 20' \
+  guest='udaddy -s $HOST_IP -c 2 -C 20' \
+  expect_host='^return status 0' expect_host='^data transfers complete' expect_guest='^return status 0'

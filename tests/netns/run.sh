@@ -47,6 +47,7 @@ run() {
 
 run rping "$EX/rping -s -v -S 5000" "$EX/rping -c -a $IPA -C 20 -V -v -S 5000" '^ping data: rdma-ping-19: '
 run cmatose "$EX/cmatose -c 20 -C 50" "$EX/cmatose -s $IPA -c 20 -C 50" '^return status 0'
+run udaddy "$EX/udaddy -c 4 -C 30" "$EX/udaddy -s $IPA -c 4 -C 30" '^return status 0'
 run perftest-write-R "$EX/perftest write -R -n 500 -s 65536" "$EX/perftest write -R -n 500 -s 65536 $IPA" '^ *65536 +500 '
 # rc_pingpong has no rdma_cm: like ibv_rc_pingpong it takes the device it is given (srxe1 is the
 # veth; srxe0 is lo).
