@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use softrdma::rdma_cm::{CmEvent, CmId, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{AccessFlags, QpCaps, SendFlags, SendOp, Sge};
 use softrdma::verbs::{
-    CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair, RecvWr,
-    SendWr, WorkCompletion,
+    CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair, RecvWr, SendWr,
+    WorkCompletion,
 };
 
 /// Bound on every wait, so a broken peer cannot hang the program.
@@ -101,7 +101,9 @@ fn parse() -> Result<Opts, String> {
     };
     let parsed = getopt::parse(&args[1..], &spec).unwrap_or_else(|_| usage(&args[0]));
     for a in parsed {
-        let getopt::Arg::Opt(c, v) = a else { usage(&args[0]) };
+        let getopt::Arg::Opt(c, v) = a else {
+            usage(&args[0])
+        };
         let v = v.unwrap_or_default();
         let num = || v.trim().parse::<usize>().unwrap_or(0);
         match c {
@@ -111,7 +113,9 @@ fn parse() -> Result<Opts, String> {
             'C' => o.count = num(),
             'S' => o.size = num(),
             'p' => o.port = v.trim().parse().map_err(|_| format!("bad port {v}"))?,
-            'P' if !v.starts_with("tcp") => return Err("only the tcp port space is supported".into()),
+            'P' if !v.starts_with("tcp") => {
+                return Err("only the tcp port space is supported".into())
+            }
             _ => {} // -f, -t, -m: accepted, no effect here
         }
     }
@@ -127,10 +131,16 @@ impl Test {
         let n = &mut self.nodes[i];
         let id = n.id.as_ref().expect("id");
         let ctx = id.context().ok_or("cmatose: no device")?;
-        let pd = ctx.alloc_pd().map_err(|_| "cmatose: unable to allocate PD")?;
+        let pd = ctx
+            .alloc_pd()
+            .map_err(|_| "cmatose: unable to allocate PD")?;
         let cqe = self.o.count.max(1) as u32;
-        let scq = ctx.create_cq(cqe, None).map_err(|_| "cmatose: unable to create CQ")?;
-        let rcq = ctx.create_cq(cqe, None).map_err(|_| "cmatose: unable to create CQ")?;
+        let scq = ctx
+            .create_cq(cqe, None)
+            .map_err(|_| "cmatose: unable to create CQ")?;
+        let rcq = ctx
+            .create_cq(cqe, None)
+            .map_err(|_| "cmatose: unable to create CQ")?;
         let qp = id
             .create_qp(
                 &pd,
@@ -229,7 +239,10 @@ impl Test {
     }
 
     fn handler(&mut self, ev: CmEvent) -> Result<(), String> {
-        let idx = self.nodes.iter().position(|n| n.id.as_ref() == Some(ev.id()));
+        let idx = self
+            .nodes
+            .iter()
+            .position(|n| n.id.as_ref() == Some(ev.id()));
         match ev.event() {
             EventType::AddrResolved => {
                 ev.id()
@@ -428,7 +441,11 @@ fn main() -> ExitCode {
         conn_index: 0,
         disconnects_left: 0,
     };
-    let r = if client { t.run_client() } else { t.run_server() };
+    let r = if client {
+        t.run_client()
+    } else {
+        t.run_server()
+    };
     println!("test complete");
     if let Err(e) = &r {
         println!("{e}");

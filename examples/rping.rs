@@ -193,7 +193,9 @@ impl Cb {
     /// `rping_setup_qp` + `rping_setup_buffers` + the first receive.
     fn new(o: &Opts, ch: EventChannel, id: CmId) -> Result<Cb, String> {
         let ctx = id.context().ok_or("the id has no device")?;
-        let pd = ctx.alloc_pd().map_err(|e| format!("ibv_alloc_pd failed: {e}"))?;
+        let pd = ctx
+            .alloc_pd()
+            .map_err(|e| format!("ibv_alloc_pd failed: {e}"))?;
         let cc = ctx
             .create_comp_channel()
             .map_err(|e| format!("ibv_create_comp_channel failed: {e}"))?;
@@ -289,7 +291,13 @@ impl Cb {
         b[..8].copy_from_slice(&mr.addr().to_be_bytes());
         b[8..12].copy_from_slice(&mr.rkey().to_be_bytes());
         b[12..].copy_from_slice(&(self.size as u32).to_be_bytes());
-        debug!(self, "RDMA addr {:x} rkey {:x} len {}", mr.addr(), mr.rkey(), self.size);
+        debug!(
+            self,
+            "RDMA addr {:x} rkey {:x} len {}",
+            mr.addr(),
+            mr.rkey(),
+            self.size
+        );
         self.send_mr.write(0, &b).map_err(|e| e.to_string())
     }
 
@@ -408,7 +416,10 @@ impl Cb {
                         let addr = u64::from_be_bytes(b[..8].try_into().expect("8"));
                         let rkey = u32::from_be_bytes(b[8..12].try_into().expect("4"));
                         let len = u32::from_be_bytes(b[12..].try_into().expect("4"));
-                        debug!(self, "Received rkey {rkey:x} addr {addr:x} len {len} from peer");
+                        debug!(
+                            self,
+                            "Received rkey {rkey:x} addr {addr:x} len {len} from peer"
+                        );
                         self.remote = (addr, rkey, len);
                         self.state = if self.state <= State::Connected
                             || self.state == State::RdmaWriteComplete
@@ -458,7 +469,13 @@ impl Cb {
             debug!(self, "server received sink adv");
             let (addr, rkey, len) = self.remote;
             let sg = sge(&self.rdma_mr, len as usize);
-            self.post(SendOp::RdmaRead { remote_addr: addr, rkey }, sg)?;
+            self.post(
+                SendOp::RdmaRead {
+                    remote_addr: addr,
+                    rkey,
+                },
+                sg,
+            )?;
             debug!(self, "server posted rdma read req ");
             let st = self.sem_wait();
             if st != State::RdmaReadComplete {
@@ -478,7 +495,13 @@ impl Cb {
             let (addr, rkey, _) = self.remote;
             let n = self.rdma_str().len() + 1;
             let sg = sge(&self.rdma_mr, n.min(self.size));
-            self.post(SendOp::RdmaWrite { remote_addr: addr, rkey }, sg)?;
+            self.post(
+                SendOp::RdmaWrite {
+                    remote_addr: addr,
+                    rkey,
+                },
+                sg,
+            )?;
             let st = self.sem_wait();
             if st != State::RdmaWriteComplete {
                 return self.end(format!("wait for RDMA_WRITE_COMPLETE state {}", st as i32));
@@ -620,7 +643,8 @@ fn run_server(o: &Opts) -> Result<(), String> {
 
 fn serve_one(o: &Opts, ch: &EventChannel, child: CmId) -> Result<(), String> {
     // The connection's events come on the listener's channel.
-    let mut cb = Cb::new(o, ch.clone(), child.clone()).map_err(|e| format!("setup_qp failed: {e}"))?;
+    let mut cb =
+        Cb::new(o, ch.clone(), child.clone()).map_err(|e| format!("setup_qp failed: {e}"))?;
     debug!(cb, "accepting client connection request");
     child
         .accept(&param())
@@ -652,7 +676,10 @@ fn run_client(o: &Opts) -> Result<(), String> {
         }
         if ev.event() != want {
             eprintln!("cma event {}, error {}", ev.event(), ev.status());
-            return Err(format!("waiting for addr/route resolution state {}", ev.event()));
+            return Err(format!(
+                "waiting for addr/route resolution state {}",
+                ev.event()
+            ));
         }
         if want == EventType::AddrResolved {
             id.resolve_route(Duration::from_millis(2000))
@@ -664,7 +691,10 @@ fn run_client(o: &Opts) -> Result<(), String> {
         .map_err(|e| format!("rdma_connect: {e}"))?;
     let st = cb.sem_wait();
     if st != State::Connected {
-        return Err(format!("connect error: wait for CONNECTED state {}", st as i32));
+        return Err(format!(
+            "connect error: wait for CONNECTED state {}",
+            st as i32
+        ));
     }
     debug!(cb, "rdma_connect successful");
     let r = cb.test_client();

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use softrdma::rdma_cm::{CmEvent, CmId, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{AccessFlags, QpCaps, SendFlags, SendOp, Sge};
 use softrdma::verbs::{
-    AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType,
-    QueuePair, RecvWr, UdSendWr, WorkCompletion, GRH_LEN,
+    AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair,
+    RecvWr, UdSendWr, WorkCompletion, GRH_LEN,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -103,7 +103,9 @@ fn parse() -> Result<Opts, String> {
     };
     let parsed = getopt::parse(&args[1..], &spec).unwrap_or_else(|_| usage(&args[0]));
     for a in parsed {
-        let getopt::Arg::Opt(c, v) = a else { usage(&args[0]) };
+        let getopt::Arg::Opt(c, v) = a else {
+            usage(&args[0])
+        };
         let v = v.unwrap_or_default();
         let num = || v.trim().parse::<usize>().unwrap_or(0);
         match c {
@@ -113,7 +115,9 @@ fn parse() -> Result<Opts, String> {
             'C' => o.count = num(),
             'S' => o.size = num(),
             'p' => o.port = v.trim().parse().map_err(|_| format!("bad port {v}"))?,
-            'P' if !v.starts_with("udp") => return Err("only the udp port space is supported".into()),
+            'P' if !v.starts_with("udp") => {
+                return Err("only the udp port space is supported".into())
+            }
             _ => {} // -f, -t: accepted, no effect here
         }
     }
@@ -129,16 +133,24 @@ impl Test {
         let n = &mut self.nodes[i];
         let id = n.id.as_ref().expect("id");
         let ctx = id.context().ok_or("udaddy: no device")?;
-        let mtu = ctx.query_port(1).map_err(|e| e.to_string())?.active_mtu.bytes();
+        let mtu = ctx
+            .query_port(1)
+            .map_err(|e| e.to_string())?
+            .active_mtu
+            .bytes();
         if self.o.count > 0 && self.o.size > mtu {
             return Err(format!(
                 "udaddy: message_size {} is larger than active mtu {mtu}",
                 self.o.size
             ));
         }
-        let pd = ctx.alloc_pd().map_err(|_| "udaddy: unable to allocate PD")?;
+        let pd = ctx
+            .alloc_pd()
+            .map_err(|_| "udaddy: unable to allocate PD")?;
         let cqe = (self.o.count * 2).max(2) as u32;
-        let cq = ctx.create_cq(cqe, None).map_err(|_| "udaddy: unable to create CQ")?;
+        let cq = ctx
+            .create_cq(cqe, None)
+            .map_err(|_| "udaddy: unable to create CQ")?;
         let wr = self.o.count.max(1) as u32;
         let qp = id
             .create_qp(
@@ -182,8 +194,7 @@ impl Test {
             lkey: mr.lkey(),
         }];
         for _ in 0..self.o.count {
-            n.qp
-                .as_ref()
+            n.qp.as_ref()
                 .expect("qp")
                 .post_recv(&[RecvWr {
                     wr_id: i as u64,
@@ -233,12 +244,11 @@ impl Test {
             let t0 = Instant::now();
             let mut done = 0;
             while done < self.o.count {
-                let got = n
-                    .cq
-                    .as_ref()
-                    .expect("cq")
-                    .poll(&mut wc)
-                    .map_err(|e| format!("udaddy: failed polling CQ: {}", e.errno()))?;
+                let got =
+                    n.cq.as_ref()
+                        .expect("cq")
+                        .poll(&mut wc)
+                        .map_err(|e| format!("udaddy: failed polling CQ: {}", e.errno()))?;
                 if got > 0 && n.ah.is_none() {
                     let pd = n.pd.as_ref().expect("pd");
                     n.ah = Some(
@@ -246,14 +256,13 @@ impl Test {
                             .map_err(|e| format!("udaddy: reply AH: {e}"))?,
                     );
                     n.remote_qpn = wc[0].imm_data.unwrap_or(0);
-                    n.remote_qkey = n
-                        .qp
-                        .as_ref()
-                        .expect("qp")
-                        .query()
-                        .map_err(|e| e.to_string())?
-                        .qkey
-                        .unwrap_or(0);
+                    n.remote_qkey =
+                        n.qp.as_ref()
+                            .expect("qp")
+                            .query()
+                            .map_err(|e| e.to_string())?
+                            .qkey
+                            .unwrap_or(0);
                 }
                 done += got;
                 if t0.elapsed() > WAIT {
@@ -265,7 +274,10 @@ impl Test {
     }
 
     fn handler(&mut self, ev: CmEvent) -> Result<(), String> {
-        let idx = self.nodes.iter().position(|n| n.id.as_ref() == Some(ev.id()));
+        let idx = self
+            .nodes
+            .iter()
+            .position(|n| n.id.as_ref() == Some(ev.id()));
         match ev.event() {
             EventType::AddrResolved => ev
                 .id()
@@ -273,11 +285,14 @@ impl Test {
                 .map_err(|e| format!("udaddy: resolve route failed: {e}"))?,
             EventType::RouteResolved => {
                 let i = idx.expect("client node");
-                let r = self.init_node(i).and_then(|_| self.post_recvs(i)).and_then(|_| {
-                    ev.id()
-                        .connect(&ConnParam::default())
-                        .map_err(|e| format!("udaddy: failure connecting: {e}"))
-                });
+                let r = self
+                    .init_node(i)
+                    .and_then(|_| self.post_recvs(i))
+                    .and_then(|_| {
+                        ev.id()
+                            .connect(&ConnParam::default())
+                            .map_err(|e| format!("udaddy: failure connecting: {e}"))
+                    });
                 if let Err(e) = r {
                     self.connects_left -= 1;
                     return Err(e);
@@ -294,10 +309,13 @@ impl Test {
                 let i = self.conn_index;
                 self.conn_index += 1;
                 self.nodes[i].id = Some(id.clone());
-                let r = self.init_node(i).and_then(|_| self.post_recvs(i)).and_then(|_| {
-                    id.accept(&ConnParam::default())
-                        .map_err(|e| format!("udaddy: failure accepting: {e}"))
-                });
+                let r = self
+                    .init_node(i)
+                    .and_then(|_| self.post_recvs(i))
+                    .and_then(|_| {
+                        id.accept(&ConnParam::default())
+                            .map_err(|e| format!("udaddy: failure accepting: {e}"))
+                    });
                 match r {
                     Ok(()) => {
                         self.nodes[i].connected = true;
@@ -314,7 +332,9 @@ impl Test {
             }
             EventType::Established => {
                 let i = idx.expect("client node");
-                let ud = ev.ud_param().ok_or("udaddy: ESTABLISHED without UD parameters")?;
+                let ud = ev
+                    .ud_param()
+                    .ok_or("udaddy: ESTABLISHED without UD parameters")?;
                 let n = &mut self.nodes[i];
                 n.remote_qpn = ud.qp_num;
                 n.remote_qkey = ud.qkey;
@@ -443,7 +463,11 @@ fn main() -> ExitCode {
         nodes,
         conn_index: 0,
     };
-    let r = if client { t.run_client() } else { t.run_server() };
+    let r = if client {
+        t.run_client()
+    } else {
+        t.run_server()
+    };
     println!("test complete");
     if let Err(e) = &r {
         println!("{e}");

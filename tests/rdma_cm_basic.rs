@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{QpCaps, QpState, SendOp, WcOpcode, WcStatus};
-use softrdma::verbs::{CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair};
+use softrdma::verbs::{
+    CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair,
+};
 use verbs_util::{sge, wait_cq, ALL, WAIT};
 
 const T: Duration = Duration::from_secs(30);
@@ -85,12 +87,11 @@ fn connect_send_disconnect() {
         let ch = EventChannel::new().unwrap();
         let id = resolved_client(&ch, port);
         let r = resources(&id);
-        r.qp
-            .post_recv(&[softrdma::verbs::RecvWr {
-                wr_id: 7,
-                sg_list: &[sge(&r.mr, 0, 64)],
-            }])
-            .unwrap();
+        r.qp.post_recv(&[softrdma::verbs::RecvWr {
+            wr_id: 7,
+            sg_list: &[sge(&r.mr, 0, 64)],
+        }])
+        .unwrap();
         let param = ConnParam {
             private_data: b"hello from the client".to_vec(),
             ..Default::default()
@@ -102,23 +103,25 @@ fn connect_send_disconnect() {
         assert_eq!(r.qp.state().unwrap(), QpState::Rts);
         // The server sends first.
         let wc = wait_cq(&r.cq);
-        assert_eq!((wc.wr_id, wc.status, wc.opcode), (7, WcStatus::Success, WcOpcode::Recv));
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode),
+            (7, WcStatus::Success, WcOpcode::Recv)
+        );
         let mut got = [0u8; 4];
         r.mr.read(0, &mut got).unwrap();
         assert_eq!(&got, b"ping");
         // Reply, then wait for the server's disconnect.
         r.mr.write(100, b"pong").unwrap();
-        r.qp
-            .post_send(&[softrdma::verbs::SendWr {
-                wr_id: 8,
-                op: SendOp::Send,
-                sg_list: &[sge(&r.mr, 100, 4)],
-                flags: softrdma::transport::SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
-            }])
-            .unwrap();
+        r.qp.post_send(&[softrdma::verbs::SendWr {
+            wr_id: 8,
+            op: SendOp::Send,
+            sg_list: &[sge(&r.mr, 100, 4)],
+            flags: softrdma::transport::SendFlags {
+                signaled: true,
+                ..Default::default()
+            },
+        }])
+        .unwrap();
         assert_eq!(wait_cq(&r.cq).status, WcStatus::Success);
         let ev = ch.wait_event(EventType::Disconnected, T).unwrap();
         ev.ack();
@@ -152,17 +155,16 @@ fn connect_send_disconnect() {
     assert_eq!(ev.id(), &cid);
     ev.ack();
     r.mr.write(200, b"ping").unwrap();
-    r.qp
-        .post_send(&[softrdma::verbs::SendWr {
-            wr_id: 2,
-            op: SendOp::Send,
-            sg_list: &[sge(&r.mr, 200, 4)],
-            flags: softrdma::transport::SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
-        }])
-        .unwrap();
+    r.qp.post_send(&[softrdma::verbs::SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        sg_list: &[sge(&r.mr, 200, 4)],
+        flags: softrdma::transport::SendFlags {
+            signaled: true,
+            ..Default::default()
+        },
+    }])
+    .unwrap();
     let mut seen_send = false;
     let mut seen_recv = false;
     while !(seen_send && seen_recv) {
@@ -228,7 +230,10 @@ fn bad_calls_fail_at_the_call() {
     let (lid, port) = listener(&ch);
     // The port is taken.
     let again = ch.create_id(PortSpace::Tcp).unwrap();
-    assert_eq!(again.bind_addr(any(port)).unwrap_err().errno(), libc::EADDRINUSE);
+    assert_eq!(
+        again.bind_addr(any(port)).unwrap_err().errno(),
+        libc::EADDRINUSE
+    );
     drop(lid);
     let c = resolved_client(&ch, port);
     let _r = resources(&c);
@@ -241,7 +246,10 @@ fn bad_calls_fail_at_the_call() {
     ch.set_nonblocking(true).unwrap();
     assert_eq!(ch.get_cm_event().unwrap_err().errno(), libc::EAGAIN);
     // The IB port space (AF_IB addressing) is not supported.
-    assert_eq!(ch.create_id(PortSpace::Ib).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(
+        ch.create_id(PortSpace::Ib).unwrap_err().errno(),
+        libc::EINVAL
+    );
 }
 
 #[test]

@@ -6,8 +6,10 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
-use softrdma::cm::manager::{gsi_packet, CmConfig, CmEvent as IbEvent, CmManager, ConnectParams, MadAddr};
 use softrdma::cm::mad::MAD_LEN;
+use softrdma::cm::manager::{
+    gsi_packet, CmConfig, CmEvent as IbEvent, CmManager, ConnectParams, MadAddr,
+};
 use softrdma::rdma_cm::{CmId, CmTimeouts, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{QpCaps, QpState};
 use softrdma::verbs::{gid_from_ipv4, QpInitAttr, QpType, QueuePair};
@@ -36,14 +38,20 @@ impl FakePeer {
         for last in (200..=250u8).rev() {
             let ip = Ipv4Addr::new(127, 0, 0, last);
             if let Ok(sock) = UdpSocket::bind(SocketAddrV4::new(ip, ROCE_V2_PORT)) {
-                sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+                sock.set_read_timeout(Some(Duration::from_millis(20)))
+                    .unwrap();
                 let cm = CmManager::new(CmConfig {
                     local_gid: gid_from_ipv4(ip),
                     local_ca_guid: 0x1234,
                     hi_tid: 7,
                     seed: last as u64,
                 });
-                return FakePeer { sock, ip, cm, psn: 0 };
+                return FakePeer {
+                    sock,
+                    ip,
+                    cm,
+                    psn: 0,
+                };
             }
         }
         panic!("no free loopback address for the fake peer");
@@ -54,7 +62,9 @@ impl FakePeer {
         let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
         Ipv4Udp::new(self.ip, ROCE_V2_PORT, dst, ROCE_V2_PORT, pkt.len()).emit(&mut hdr);
         icrc::fill_v4(&hdr, pkt);
-        self.sock.send_to(pkt, SocketAddrV4::new(dst, ROCE_V2_PORT)).unwrap();
+        self.sock
+            .send_to(pkt, SocketAddrV4::new(dst, ROCE_V2_PORT))
+            .unwrap();
     }
 
     /// Send what the CM has queued.
@@ -79,7 +89,11 @@ impl FakePeer {
                     if p.bth.dest_qpn == 1 && p.payload.len() == MAD_LEN {
                         attrs.push(u16::from_be_bytes([p.payload[16], p.payload[17]]));
                         if answer {
-                            self.cm.handle_gsi_packet(Instant::now(), gid_from_ipv4(*from.ip()), &p);
+                            self.cm.handle_gsi_packet(
+                                Instant::now(),
+                                gid_from_ipv4(*from.ip()),
+                                &p,
+                            );
                         }
                     }
                 }
@@ -136,7 +150,9 @@ fn connect_to_a_host_that_never_answers_is_unreachable() {
     ch.wait_event(EventType::RouteResolved, T).unwrap();
     let _qp = qp_on(&id);
     id.connect(&ConnParam::default()).unwrap();
-    let ev = ch.get_cm_event_timeout(T).expect("an event in bounded time");
+    let ev = ch
+        .get_cm_event_timeout(T)
+        .expect("an event in bounded time");
     assert_eq!(ev.event(), EventType::Unreachable);
     assert_eq!(ev.status(), -libc::ETIMEDOUT);
     // The REQ went out once and was retried twice.
@@ -163,7 +179,9 @@ fn active_peer_vanishing_after_req_makes_the_passive_side_unreachable() {
     id.accept(&ConnParam::default()).unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Rts);
     // The fake peer is gone: no RTU ever comes.
-    let ev = ch.get_cm_event_timeout(T).expect("an event in bounded time");
+    let ev = ch
+        .get_cm_event_timeout(T)
+        .expect("an event in bounded time");
     assert_eq!(ev.event(), EventType::Unreachable);
     assert_eq!(ev.id(), &id);
     let attrs = fake.pump(Duration::from_millis(100), false);
@@ -195,10 +213,15 @@ fn peer_vanishing_mid_connection_still_ends_in_disconnected() {
     ch.wait_event(EventType::Established, T).unwrap();
     id.disconnect().unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Err);
-    let ev = ch.get_cm_event_timeout(T).expect("an event in bounded time");
+    let ev = ch
+        .get_cm_event_timeout(T)
+        .expect("an event in bounded time");
     assert_eq!(ev.event(), EventType::Disconnected);
     let attrs = fake.pump(Duration::from_millis(100), false);
-    assert!(attrs.iter().all(|&a| a == DREQ) && attrs.len() == 3, "{attrs:x?}");
+    assert!(
+        attrs.iter().all(|&a| a == DREQ) && attrs.len() == 3,
+        "{attrs:x?}"
+    );
 }
 
 #[test]
@@ -243,7 +266,9 @@ fn hostile_gsi_packets_are_dropped_and_the_listener_keeps_working() {
                 icrc::fill_v4(&hdr, &mut q);
                 let l = q.len();
                 q[l - 1] ^= 0xff;
-                fake.sock.send_to(&q, SocketAddrV4::new(dst, ROCE_V2_PORT)).unwrap();
+                fake.sock
+                    .send_to(&q, SocketAddrV4::new(dst, ROCE_V2_PORT))
+                    .unwrap();
             }
             _ => fake.send_raw(dst, &mut p),
         }
@@ -264,7 +289,9 @@ fn hostile_gsi_packets_are_dropped_and_the_listener_keeps_working() {
     .unwrap();
     let t0 = Instant::now();
     loop {
-        let ev = ch.get_cm_event_timeout(T).expect("the real request arrives");
+        let ev = ch
+            .get_cm_event_timeout(T)
+            .expect("the real request arrives");
         if ev.event() == EventType::ConnectRequest && ev.private_data().starts_with(b"real") {
             let id = ev.id().clone();
             drop(ev);

@@ -101,17 +101,26 @@ fn rping_and_cmatose_between_two_processes() {
     let addr = free_loopback();
     let port = (20000 + std::process::id() % 20000).to_string();
     // rping: 10 pings of 3000 bytes (READ and WRITE span several packets), validated.
-    let server = Server(Some(spawn("rping", &["-s", "-a", &addr, "-v", "-S", "3000", "-p", &port])));
+    let server = Server(Some(spawn(
+        "rping",
+        &["-s", "-a", &addr, "-v", "-S", "3000", "-p", &port],
+    )));
     let c = client(
         "rping",
-        &["-c", "-a", &addr, "-p", &port, "-C", "10", "-S", "3000", "-v", "-V"],
+        &[
+            "-c", "-a", &addr, "-p", &port, "-C", "10", "-S", "3000", "-v", "-V",
+        ],
     );
     let s = server.finish("rping server");
     assert!(s.status.success(), "rping server: {}", text(&s));
     let (ct, st) = (text(&c), text(&s));
     assert_eq!(ct.matches("ping data: rdma-ping-").count(), 10, "{ct}");
     assert!(ct.contains("ping data: rdma-ping-9: "), "{ct}");
-    assert_eq!(st.matches("server ping data: rdma-ping-").count(), 10, "{st}");
+    assert_eq!(
+        st.matches("server ping data: rdma-ping-").count(),
+        10,
+        "{st}"
+    );
     assert!(st.contains("server DISCONNECT EVENT"), "{st}");
 
     // cmatose: 8 connections, 30 messages each way.
@@ -128,5 +137,8 @@ fn rping_and_cmatose_between_two_processes() {
     let (ct, st) = (text(&c), text(&s));
     assert!(s.status.success(), "{st}");
     assert!(ct.contains("return status 0"), "{ct}");
-    assert!(st.contains("data transfers complete") && st.contains("disconnected"), "{st}");
+    assert!(
+        st.contains("data transfers complete") && st.contains("disconnected"),
+        "{st}"
+    );
 }

@@ -122,7 +122,10 @@ fn sidr_resolution_then_datagrams_both_ways() {
         .unwrap();
     assert_eq!(wait_cq(&cr.cq).status, WcStatus::Success);
     let wc = wait_cq(&sr.cq);
-    assert_eq!((wc.wr_id, wc.status, wc.opcode), (9, WcStatus::Success, WcOpcode::Recv));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (9, WcStatus::Success, WcOpcode::Recv)
+    );
     assert_eq!(wc.byte_len as usize, GRH_LEN + 13);
     assert_eq!(wc.src_qp, cr.qp.qp_num());
     let mut got = [0u8; 13];

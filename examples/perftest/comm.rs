@@ -135,7 +135,10 @@ fn ipv4_of(host: &str) -> Result<Ipv4Addr, String> {
 }
 
 /// Wait for an event of type `want` (errors, with the event's name, otherwise).
-pub fn expect_event(ch: &EventChannel, want: EventType) -> Result<softrdma::rdma_cm::CmEvent, String> {
+pub fn expect_event(
+    ch: &EventChannel,
+    want: EventType,
+) -> Result<softrdma::rdma_cm::CmEvent, String> {
     let ev = ch
         .get_cm_event_timeout(WAIT)
         .ok_or_else(|| format!("no {want} in time"))?;
@@ -168,7 +171,10 @@ pub fn accept_one(ch: &EventChannel, port: u16) -> Result<CmId, String> {
         .create_id(PortSpace::Tcp)
         .map_err(|e| format!("rdma_create_id: {e}"))?;
     listen
-        .bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))
+        .bind_addr(SocketAddr::V4(SocketAddrV4::new(
+            Ipv4Addr::UNSPECIFIED,
+            port,
+        )))
         .map_err(|e| format!(" rdma_bind_addr failed: {e}"))?;
     listen
         .listen(1)
@@ -195,8 +201,12 @@ impl CmLink {
     fn setup(ch: EventChannel, id: CmId) -> Result<CmLink, String> {
         let ctx = id.context().ok_or("the id has no device")?;
         let pd = ctx.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
-        let send_cq = ctx.create_cq(2, None).map_err(|e| format!("create_cq: {e}"))?;
-        let recv_cq = ctx.create_cq(2, None).map_err(|e| format!("create_cq: {e}"))?;
+        let send_cq = ctx
+            .create_cq(2, None)
+            .map_err(|e| format!("create_cq: {e}"))?;
+        let recv_cq = ctx
+            .create_cq(2, None)
+            .map_err(|e| format!("create_cq: {e}"))?;
         let qp = id
             .create_qp(
                 &pd,
@@ -351,14 +361,18 @@ impl Comm {
 
     fn write(&mut self, data: &[u8]) -> Result<(), String> {
         match &mut self.link {
-            Link::Tcp(s) => s.write_all(data).map_err(|e| format!("exchange: write: {e}")),
+            Link::Tcp(s) => s
+                .write_all(data)
+                .map_err(|e| format!("exchange: write: {e}")),
             Link::Cm(l) => l.write(data),
         }
     }
 
     fn read(&mut self, out: &mut [u8]) -> Result<(), String> {
         match &mut self.link {
-            Link::Tcp(s) => s.read_exact(out).map_err(|e| format!("exchange: read: {e}")),
+            Link::Tcp(s) => s
+                .read_exact(out)
+                .map_err(|e| format!("exchange: read: {e}")),
             Link::Cm(l) => l.read(out),
         }
     }
@@ -398,8 +412,7 @@ impl Comm {
         self.hand_shake(my)?;
         match self.link {
             Link::Tcp(mut s) => {
-                s.write_all(b"done\0")
-                    .map_err(|e| format!("close: {e}"))?;
+                s.write_all(b"done\0").map_err(|e| format!("close: {e}"))?;
                 // Consume the peer's "done" (best effort) so closing does not reset the link.
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                 let mut b = [0u8; 5];

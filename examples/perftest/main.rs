@@ -24,9 +24,9 @@
 //!
 //! The server only lends its memory: the client's WRITEs, READs and atomics land in it.
 
+mod comm;
 #[path = "../getopt/mod.rs"]
 mod getopt;
-mod comm;
 
 use comm::{Comm, Dest};
 
@@ -34,10 +34,10 @@ use std::net::Ipv6Addr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{
     AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus,
 };
-use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::verbs::{Context, QpInitAttr, QpType, QueuePair, RecvWr, SendWr, WorkCompletion};
 
 /// What this tool claims to be in the version exchange (perftest 4.5's `VERSION`).
@@ -357,7 +357,11 @@ fn run(o: Opts) -> Result<(), String> {
         }
     };
     // ib_send_bw's receiver keeps `rx_depth` receives posted (512, at most the iterations).
-    let rx_depth = if o.verb == Verb::Send { o.iters.min(512) as usize } else { 1 };
+    let rx_depth = if o.verb == Verb::Send {
+        o.iters.min(512) as usize
+    } else {
+        1
+    };
     let cq = ctx
         .create_cq((o.tx_depth + rx_depth) as u32 + 1, None)
         .map_err(|e| format!("Couldn't create CQ: {e}"))?;
@@ -377,7 +381,11 @@ fn run(o: Opts) -> Result<(), String> {
     // With -R the test's QP is connected by rdma_cm too (`create_rdma_cm_connection`), between
     // two handshakes; the CM moves it to RTS. Without, it is moved by hand after the keys.
     let (qp, data_cm) = if o.rdma_cm {
-        let reads = if o.verb == Verb::Write { 0 } else { out_reads.min(255) as u8 };
+        let reads = if o.verb == Verb::Write {
+            0
+        } else {
+            out_reads.min(255) as u8
+        };
         let param = ConnParam {
             responder_resources: reads,
             initiator_depth: reads,
@@ -488,7 +496,7 @@ fn run(o: Opts) -> Result<(), String> {
         print_report(&rep);
         println!("{RESULT_LINE}");
         comm.close(&my)?;
-    } else     if comm.client {
+    } else if comm.client {
         let my_rep = run_client(&o, &qp, &cq, &mr, half, cycle_buffer, cache_line, &rem)?;
         print_report(&my_rep);
         println!("{RESULT_LINE}");
@@ -587,7 +595,12 @@ fn cm_data_qp(
                     id.destroy();
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                e => return Err(format!("RDMA CM event error: Event: {e}; error: {}", ev.status())),
+                e => {
+                    return Err(format!(
+                        "RDMA CM event error: Event: {e}; error: {}",
+                        ev.status()
+                    ))
+                }
             }
         }
         Err("Failed to connect RDMA CM client, tried 10 times.".into())
@@ -729,7 +742,9 @@ fn run_receiver(
     let mut start: Option<Instant> = None;
     let mut last_progress = Instant::now();
     while got < o.iters {
-        let n = cq.poll(&mut wcs).map_err(|e| format!("poll CQ failed: {e}"))?;
+        let n = cq
+            .poll(&mut wcs)
+            .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(format!(
@@ -752,7 +767,10 @@ fn run_receiver(
             start.get_or_insert_with(Instant::now);
             last_progress = Instant::now();
         } else if last_progress.elapsed() > Duration::from_secs(30) {
-            return Err(format!("no receive for 30 s ({got} of {} received)", o.iters));
+            return Err(format!(
+                "no receive for 30 s ({got} of {} received)",
+                o.iters
+            ));
         }
     }
     let secs = start.map_or(1e-9, |t| t.elapsed().as_secs_f64()).max(1e-9);

@@ -51,7 +51,10 @@ impl ChannelInner {
         let mut keep = VecDeque::with_capacity(q.len());
         for ev in q.drain(..) {
             if Arc::ptr_eq(ev.id.inner(), id)
-                || ev.listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l.inner(), id))
+                || ev
+                    .listen_id
+                    .as_ref()
+                    .is_some_and(|l| Arc::ptr_eq(l.inner(), id))
             {
                 out.push(ev);
             } else {
@@ -151,7 +154,11 @@ impl EventChannel {
 
     /// Wait for an event of type `want` on any id, failing with the unexpected event otherwise
     /// (the pattern of every rdma_cm example's `wait_event`).
-    pub fn wait_event(&self, want: EventType, timeout: Duration) -> std::result::Result<CmEvent, WaitError> {
+    pub fn wait_event(
+        &self,
+        want: EventType,
+        timeout: Duration,
+    ) -> std::result::Result<CmEvent, WaitError> {
         match self.get_cm_event_timeout(timeout) {
             Some(ev) if ev.event() == want => Ok(ev),
             Some(ev) => Err(WaitError::Unexpected(ev)),

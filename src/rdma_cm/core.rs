@@ -11,13 +11,13 @@ use std::time::Instant;
 
 use super::event::{ConnParam, EventParam, EventType, RawEvent, UdParam};
 use super::id::{CmId, Handle, IdInner, Phase};
+use crate::cm::mad::MAD_LEN;
 use crate::cm::manager::{
     CmConfig, CmEvent as IbEvent, CmId as IbId, CmManager, ConnState, ConnectRequestInfo,
     EstablishedInfo,
 };
-use crate::cm::mad::MAD_LEN;
-use crate::cm::sidr_manager::{SidrRequestInfo, SidrStatus};
 use crate::cm::service_id;
+use crate::cm::sidr_manager::{SidrRequestInfo, SidrStatus};
 use crate::transport::{AccessFlags, AddressVector, Mtu, QpAttr, QpState};
 use crate::verbs::{gid_from_ipv4, ipv4_from_gid, Context, Shared};
 use crate::wire::Packet;
@@ -205,11 +205,21 @@ impl CmaCore {
                         private_data,
                         ..zero_param()
                     });
-                    self.finish(id, Phase::Idle, EventType::Rejected, reason.code() as i32, param);
+                    self.finish(
+                        id,
+                        Phase::Idle,
+                        EventType::Rejected,
+                        reason.code() as i32,
+                        param,
+                    );
                 }
-                IbEvent::Unreachable { id } => {
-                    self.finish(id, Phase::Idle, EventType::Unreachable, -libc::ETIMEDOUT, EventParam::None)
-                }
+                IbEvent::Unreachable { id } => self.finish(
+                    id,
+                    Phase::Idle,
+                    EventType::Unreachable,
+                    -libc::ETIMEDOUT,
+                    EventParam::None,
+                ),
                 IbEvent::ConnectError { id } => self.finish(
                     id,
                     Phase::Idle,
@@ -218,7 +228,9 @@ impl CmaCore {
                     EventParam::None,
                 ),
                 IbEvent::Disconnected { id, private_data } => {
-                    let Some(rec) = self.conns.get(&id.0) else { continue };
+                    let Some(rec) = self.conns.get(&id.0) else {
+                        continue;
+                    };
                     let Some(cid) = rec.alive() else { continue };
                     let mut st = rec.inner.state();
                     let already = st.phase == Phase::Disconnected;
@@ -238,7 +250,10 @@ impl CmaCore {
                             private_data,
                             ..zero_param()
                         });
-                        push(&rec.inner, RawEvent::new(cid, EventType::Disconnected, 0, param));
+                        push(
+                            &rec.inner,
+                            RawEvent::new(cid, EventType::Disconnected, 0, param),
+                        );
                     }
                 }
                 IbEvent::TimewaitExit { id } => {
@@ -260,7 +275,9 @@ impl CmaCore {
                     qkey,
                     private_data,
                 } => {
-                    let Some(rec) = self.conns.get(&id.0) else { continue };
+                    let Some(rec) = self.conns.get(&id.0) else {
+                        continue;
+                    };
                     let peer = rec.inner.state().peer_gid();
                     let mut ud = UdParam {
                         private_data,
@@ -299,7 +316,9 @@ impl CmaCore {
             l.handle.upgrade().map(|h| (CmId(h), l.inner.clone()))
         });
         let (Some((lid, linner)), Some(ctx)) = (listener, self.context()) else {
-            let _ = self.cm.sidr_reply(Instant::now(), id, SidrStatus::Unsupported, 0, 0, &[]);
+            let _ = self
+                .cm
+                .sidr_reply(Instant::now(), id, SidrStatus::Unsupported, 0, 0, &[]);
             return;
         };
         let port = service_id::split(info.service_id).map_or(0, |(_, p)| p);
@@ -336,7 +355,9 @@ impl CmaCore {
 
     /// REJECTED, UNREACHABLE, CONNECT_ERROR: the connection is over before it began.
     fn finish(&mut self, id: IbId, phase: Phase, ev: EventType, status: i32, param: EventParam) {
-        let Some(rec) = self.conns.remove(&id.0) else { return };
+        let Some(rec) = self.conns.remove(&id.0) else {
+            return;
+        };
         let Some(cid) = rec.alive() else { return };
         {
             let mut st = rec.inner.state();
@@ -348,15 +369,14 @@ impl CmaCore {
 
     fn on_connect_request(&mut self, info: ConnectRequestInfo) {
         let id = info.id;
-        let listener = self
-            .listeners
-            .get(&info.service_id)
-            .and_then(|l| {
-                if l.inner.is_destroyed() {
-                    return None;
-                }
-                l.handle.upgrade().map(|h| (CmId(h), l.inner.clone(), l.backlog))
-            });
+        let listener = self.listeners.get(&info.service_id).and_then(|l| {
+            if l.inner.is_destroyed() {
+                return None;
+            }
+            l.handle
+                .upgrade()
+                .map(|h| (CmId(h), l.inner.clone(), l.backlog))
+        });
         let Some((lid, linner, backlog)) = listener else {
             let _ = self.cm.reject(id, &[]);
             return;
@@ -365,7 +385,8 @@ impl CmaCore {
             .conns
             .values()
             .filter(|c| {
-                c.listen_sid == Some(info.service_id) && c.inner.state().phase == Phase::ConnectRequest
+                c.listen_sid == Some(info.service_id)
+                    && c.inner.state().phase == Phase::ConnectRequest
             })
             .count();
         let ctx = self.context();
@@ -418,7 +439,9 @@ impl CmaCore {
         touched: &mut Vec<u32>,
     ) {
         let _ = now;
-        let Some(rec) = self.conns.get(&id.0) else { return };
+        let Some(rec) = self.conns.get(&id.0) else {
+            return;
+        };
         let Some(cid) = rec.alive() else {
             return;
         };
@@ -460,7 +483,12 @@ impl CmaCore {
                 let _ = self.cm.disconnect(now, id, &[]);
                 push(
                     &inner,
-                    RawEvent::new(cid, EventType::ConnectError, -libc::EINVAL, EventParam::None),
+                    RawEvent::new(
+                        cid,
+                        EventType::ConnectError,
+                        -libc::EINVAL,
+                        EventParam::None,
+                    ),
                 );
                 return;
             }
@@ -611,6 +639,5 @@ impl Transition {
         modify(self.qpn, &rtr) && modify(self.qpn, &rts)
     }
 }
-
 
 const _: () = assert!(MAD_LEN == 256);

@@ -11,13 +11,11 @@ use super::core::{CmaCore, ModifyQp, Transition, DESTROY_GEN};
 use super::error::{CmaError, Result};
 use super::event::{ConnParam, EventParam, EventType, RawEvent};
 use super::route;
-use crate::cm::manager::{
-    AcceptParams, CmId as IbId, ConnectParams, ConnectRequestInfo, MadAddr,
-};
+use crate::cm::manager::{AcceptParams, CmId as IbId, ConnectParams, ConnectRequestInfo, MadAddr};
 use crate::cm::private_data::{CmaHdr, CMA_HDR_LEN};
+use crate::cm::service_id::PortSpace;
 use crate::cm::sidr;
 use crate::cm::sidr_manager::{SidrParams, SidrStatus, RDMA_UDP_QKEY};
-use crate::cm::service_id::PortSpace;
 use crate::cm::{rej, rep, req};
 use crate::transport::{AccessFlags, Mtu, QpAttr, QpState};
 use crate::verbs::{gid_from_ipv4, Context, ProtectionDomain, QpInitAttr, QpType, QueuePair};
@@ -306,7 +304,9 @@ fn random_psn() -> u32 {
 fn v4(a: SocketAddr) -> Result<SocketAddrV4> {
     match a {
         SocketAddr::V4(a) => Ok(a),
-        SocketAddr::V6(_) => Err(CmaError::InvalidArgument("only IPv4 addresses are supported")),
+        SocketAddr::V6(_) => Err(CmaError::InvalidArgument(
+            "only IPv4 addresses are supported",
+        )),
     }
 }
 
@@ -368,7 +368,9 @@ impl CmId {
     /// Set the CM timeouts used by the next [`CmId::connect`] (see [`CmTimeouts`]).
     pub fn set_cm_timeouts(&self, t: CmTimeouts) -> Result<()> {
         if t.packet_life_time > 31 || t.cm_response_timeout > 31 || t.max_cm_retries > 15 {
-            return Err(CmaError::InvalidArgument("CM timeouts: exponents 0..=31, retries 0..=15"));
+            return Err(CmaError::InvalidArgument(
+                "CM timeouts: exponents 0..=31, retries 0..=15",
+            ));
         }
         self.inner().state().timeouts = t;
         Ok(())
@@ -398,7 +400,11 @@ impl CmId {
     /// `backlog` of them wait for accept/reject at a time (more are rejected). 0 means the
     /// default, 1024, as in the kernel.
     pub fn listen(&self, backlog: usize) -> Result<()> {
-        let backlog = if backlog == 0 { DEFAULT_BACKLOG } else { backlog };
+        let backlog = if backlog == 0 {
+            DEFAULT_BACKLOG
+        } else {
+            backlog
+        };
         let (ctxs, sid) = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::Bound])?;
@@ -440,7 +446,7 @@ impl CmId {
     ) -> Result<()> {
         let _ = timeout; // resolution is immediate: the kernel's IP stack does ARP for us
         let dst = v4(dst)?;
-        if dst.ip().is_unspecified() || dst.port() == 0 && false {
+        if dst.ip().is_unspecified() {
             return Err(CmaError::InvalidArgument("destination address"));
         }
         let src = src.map(v4).transpose()?;
@@ -488,9 +494,9 @@ impl CmId {
     /// `rdma_create_qp`: an RC QP on the id's device, moved to INIT; the CM moves it to RTR and
     /// RTS when the connection is made, and to ERR on disconnect.
     pub fn create_qp(&self, pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
-        let ctx = self
-            .context()
-            .ok_or(CmaError::InvalidState("no device yet (bind or resolve first)"))?;
+        let ctx = self.context().ok_or(CmaError::InvalidState(
+            "no device yet (bind or resolve first)",
+        ))?;
         if !Arc::ptr_eq(&pd.shared, &ctx.shared) {
             return Err(CmaError::WrongDevice);
         }
@@ -549,7 +555,9 @@ impl CmId {
             });
         }
         if param.retry_count > 7 || param.rnr_retry_count > 7 {
-            return Err(CmaError::InvalidArgument("retry_count/rnr_retry_count above 7"));
+            return Err(CmaError::InvalidArgument(
+                "retry_count/rnr_retry_count above 7",
+            ));
         }
         let ctx = {
             let st = self.inner().state();
@@ -758,7 +766,9 @@ impl CmId {
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             let id = st.conn.take().expect("connect request");
             if ud {
-                let _ = core.cm.sidr_reply(now, id, SidrStatus::Reject, 0, 0, private_data);
+                let _ = core
+                    .cm
+                    .sidr_reply(now, id, SidrStatus::Reject, 0, 0, private_data);
             } else {
                 let _ = core.cm.reject(id, private_data);
             }

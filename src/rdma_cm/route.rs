@@ -61,7 +61,12 @@ pub(crate) fn all_contexts() -> Result<Vec<Context>> {
 pub(crate) fn context_for_local(a: Ipv4Addr) -> Result<Context> {
     {
         let r = registry();
-        if let Some(c) = r.contexts.values().chain(r.extra.iter()).find(|c| c.addr() == a) {
+        if let Some(c) = r
+            .contexts
+            .values()
+            .chain(r.extra.iter())
+            .find(|c| c.addr() == a)
+        {
             return Ok(c.clone());
         }
     }

@@ -42,7 +42,7 @@ pub use crate::transport::{
 };
 
 pub(crate) use context::Shared;
-pub(crate) use device::guid_from_ipv4;
 pub(crate) use cq::CqShared;
+pub(crate) use device::guid_from_ipv4;
 pub(crate) use event::AsyncQueue;
 pub(crate) use mr::MrTable;

@@ -46,4 +46,3 @@ pub fn example(name: &str) -> PathBuf {
         )
     })
 }
-
