@@ -236,3 +236,21 @@ scenario udaddy-host-server role=host-server needs=udaddy timeout=90 \
   host='"$EX/udaddy" -b $HOST_IP -c 2 -C 20' \
   guest='udaddy -s $HOST_IP -c 2 -C 20' \
   expect_host='^return status 0' expect_host='^data transfers complete' expect_guest='^return status 0'
+
+# --- rdma_cm edge cases against the kernel. ---------------------------------------------------------
+scenario cmatose-burst-host-server role=host-server needs=cmatose timeout=120 \
+  desc="softrdma cmatose server, kernel ucmatose client opening 20 connections at once" \
+  host='"$EX/cmatose" -b $HOST_IP -c 20 -C 10' \
+  guest='ucmatose -s $HOST_IP -c 20 -C 10' \
+  expect_host='^return status 0' expect_guest='^return status 0'
+# A port nobody listens on: REJ with reason 8 (invalid service ID), either way.
+scenario rping-no-listener-on-host role=host-server needs=rping timeout=60 guest_rc=any \
+  desc="kernel rping -c to a softrdma host port nobody listens on: REJECTED, error 8" \
+  host='timeout 8 "$EX/rping" -s -a $HOST_IP -p 7174 -v; true' \
+  guest='rping -c -a $HOST_IP -p 7999 -C 1 -v' \
+  expect_guest='RDMA_CM_EVENT_REJECTED, error 8'
+scenario rping-no-listener-in-guest role=host-client needs=rping timeout=60 host_rc=any \
+  desc="softrdma rping -c to a guest port nobody listens on: REJECTED, error 8" \
+  guest='ready; sleep 5' \
+  host='"$EX/rping" -c -a $GUEST_IP -p 7999 -C 1 -v' \
+  expect_host='RDMA_CM_EVENT_REJECTED, error 8'
