@@ -10,8 +10,7 @@
 //! cargo run --example rdma_rw -- 127.0.0.1 [-p 18521]  # client
 //! ```
 //!
-//! softrdma has no connection manager (rdma_cm) yet, so the two sides exchange QPN, PSN, GID and
-//! the buffer's address and rkey out of band over a TCP connection, the way `rc_pingpong` does,
+//! As the seed, the two sides exchange QPN, PSN, GID and the buffer's address and rkey out of band over a TCP connection, the way `rc_pingpong` does,
 //! then move their RC QPs RESET→INIT→RTR→RTS by hand. The TCP connection also carries the final
 //! "done"/"ok" handshake. With no arguments the example runs the server on a thread and the client
 //! on the main thread, each with its own device context, over loopback TCP.

@@ -7,10 +7,10 @@
 //! cargo run --example send_recv -- 127.0.0.1 [-p 18520]  # client
 //! ```
 //!
-//! softrdma has no connection manager (rdma_cm) yet, so — unlike the seed, which uses
-//! `rdma_connect`/`rdma_accept` — the two sides exchange their QPN, PSN, GID (and MR address and
-//! rkey) out of band over a TCP connection, the way `rc_pingpong` does, then move their RC QPs
-//! RESET→INIT→RTR→RTS by hand. With no arguments the example runs the server on a thread and
+//! The two sides exchange their QPN, PSN, GID (and MR address and rkey) out of band over a TCP
+//! connection, the way `rc_pingpong` does, then move their RC QPs RESET→INIT→RTR→RTS by hand —
+//! the verbs-only way; `rdma_cm_server`/`rdma_cm_client` (seed 001) and `epoll_loop` (seed 002)
+//! connect with rdma_cm instead. With no arguments the example runs the server on a thread and
 //! the client on the main thread, each with its own device context, over loopback TCP.
 //!
 //! Every wait is bounded; the process exits 0 on success and 1 with a message on failure.

@@ -142,3 +142,52 @@ fn rping_and_cmatose_between_two_processes() {
         "{st}"
     );
 }
+
+/// The seed's (001) server and client as two processes: the client connects to the port the
+/// server printed, both print the other's message, the client disconnects, both exit 0.
+#[test]
+fn seed_rdma_cm_server_and_client() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut server = Command::new(example("rdma_cm_server"))
+        .arg("--once")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rdma_cm_server");
+    let mut out = BufReader::new(server.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("the server's first line");
+    let port = first
+        .trim()
+        .strip_prefix("listening on port ")
+        .and_then(|p| p.strip_suffix('.'))
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    let server = Server(Some(server));
+    let c = finish(spawn("rdma_cm_client", &["127.0.0.1", &port]), "rdma_cm_client");
+    let ct = text(&c);
+    assert!(c.status.success(), "{ct}");
+    for line in [
+        "address resolved.",
+        "route resolved.",
+        "connected. posting send...",
+        "send completed successfully.",
+        "received message: message from passive/server side with pid",
+        "disconnected.",
+    ] {
+        assert!(ct.contains(line), "client lacks {line:?}:\n{ct}");
+    }
+    let mut rest = String::new();
+    let s = server.finish("rdma_cm_server");
+    let _ = out.read_to_string(&mut rest);
+    assert!(s.status.success(), "{rest}{}", text(&s));
+    for line in [
+        "received connection request.",
+        "connected. posting send...",
+        "received message: message from active/client side with pid",
+        "send completed successfully.",
+        "peer disconnected.",
+    ] {
+        assert!(rest.contains(line), "server lacks {line:?}:\n{rest}");
+    }
+}
