@@ -268,3 +268,85 @@ fn destroy_waits_for_unacked_events() {
     id.destroy();
     t.join().unwrap();
 }
+
+#[test]
+fn connection_parameters_reach_the_peer_and_both_qps() {
+    let sch = EventChannel::new().unwrap();
+    let (_lid, port) = listener(&sch);
+    let ch = EventChannel::new().unwrap();
+    let id = resolved_client(&ch, port);
+    let cr = resources(&id);
+    id.connect(&ConnParam {
+        responder_resources: 3,
+        initiator_depth: 2,
+        retry_count: 5,
+        rnr_retry_count: 6,
+        ..Default::default()
+    })
+    .unwrap();
+    let ev = sch.wait_event(EventType::ConnectRequest, T).unwrap();
+    let p = ev.conn_param().unwrap().clone();
+    // From the server's side: it should accept 2 READs (the client's initiator depth) and may
+    // issue 3 (the client's responder resources).
+    assert_eq!((p.responder_resources, p.initiator_depth), (2, 3));
+    assert_eq!((p.retry_count, p.rnr_retry_count), (5, 6));
+    assert_eq!(p.qp_num, cr.qp.qp_num());
+    let sid = ev.id().clone();
+    drop(ev);
+    let sr = resources(&sid);
+    sid.accept(&ConnParam {
+        responder_resources: 2,
+        initiator_depth: 3,
+        rnr_retry_count: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    let ev = ch.wait_event(EventType::Established, T).unwrap();
+    assert_eq!(ev.conn_param().unwrap().qp_num, sr.qp.qp_num());
+    drop(ev);
+    sch.wait_event(EventType::Established, T).unwrap();
+    let (c, s) = (cr.qp.query().unwrap(), sr.qp.query().unwrap());
+    assert_eq!(c.qp_state, Some(QpState::Rts));
+    assert_eq!(s.qp_state, Some(QpState::Rts));
+    assert_eq!(
+        (c.dest_qp_num, s.dest_qp_num),
+        (Some(sr.qp.qp_num()), Some(cr.qp.qp_num()))
+    );
+    // Each side's first send PSN is what the other expects first.
+    assert_eq!(c.sq_psn, s.rq_psn);
+    assert_eq!(s.sq_psn, c.rq_psn);
+    assert_eq!((c.max_rd_atomic, c.max_dest_rd_atomic), (Some(2), Some(3)));
+    assert_eq!((s.max_rd_atomic, s.max_dest_rd_atomic), (Some(3), Some(2)));
+    // Retries: the client's retry count for both; RNR retry: each side's from the other.
+    assert_eq!((c.retry_cnt, s.retry_cnt), (Some(5), Some(5)));
+    assert_eq!((c.rnr_retry, s.rnr_retry), (Some(4), Some(6)));
+}
+
+#[test]
+fn backlog_limits_pending_connect_requests() {
+    let sch = EventChannel::new().unwrap();
+    let lid = sch.create_id(PortSpace::Tcp).unwrap();
+    lid.bind_addr(any(0)).unwrap();
+    lid.listen(2).unwrap();
+    let port = lid.local_addr().unwrap().port();
+    let ch = EventChannel::new().unwrap();
+    let ids: Vec<CmId> = (0..4).map(|_| resolved_client(&ch, port)).collect();
+    let _qps: Vec<Res> = ids.iter().map(resources).collect();
+    for id in &ids {
+        id.connect(&ConnParam::default()).unwrap();
+    }
+    // Two requests wait for the application (unanswered); the other two are refused.
+    let mut rejected = 0;
+    for _ in 0..2 {
+        let ev = ch.wait_event(EventType::Rejected, T).unwrap();
+        assert_eq!(ev.status(), 28);
+        rejected += 1;
+    }
+    assert_eq!(rejected, 2);
+    let mut pending = Vec::new();
+    while let Some(ev) = sch.get_cm_event_timeout(Duration::from_millis(300)) {
+        assert_eq!(ev.event(), EventType::ConnectRequest);
+        pending.push(ev);
+    }
+    assert_eq!(pending.len(), 2);
+}
