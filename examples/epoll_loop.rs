@@ -434,11 +434,13 @@ fn run(o: &Opts) -> Res<()> {
         (None, false) => {
             println!("epoll_loop: loopback mode (server thread + client)");
             let ch = EventChannel::new().map_err(|e| e.to_string())?;
-            let l = listen_on(&ch, Ipv4Addr::LOCALHOST, 0)?;
-            let port = l.local_addr().map_or(0, |a| a.port());
+            // The first 127.0.0.x whose RoCE port no other process holds.
+            let l = (1..=254u8)
+                .find_map(|x| listen_on(&ch, Ipv4Addr::new(127, 0, 0, x), 0).ok())
+                .ok_or("no free 127.0.0.x")?;
+            let dst = SocketAddr::V4(l.local_addr().ok_or("unbound")?);
             let so = o.clone();
             let srv = std::thread::spawn(move || server(ch, l, &so));
-            let dst = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
             client(EventChannel::new().map_err(|e| e.to_string())?, dst, o)?;
             srv.join()
                 .map_err(|_| "server thread panicked".to_string())?

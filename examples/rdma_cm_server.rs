@@ -8,7 +8,8 @@
 //! cargo run --example rdma_cm_server            # prints "listening on port N."
 //! cargo run --example rdma_cm_client 127.0.0.1 N  # in another terminal
 //! ```
-//! With `--once` the server exits after its first client disconnected (used by the tests).
+//! With `--once` the server exits after its first client disconnected, and `--addr A` binds
+//! address A instead of any (both used by the tests).
 
 #[path = "seed001/mod.rs"]
 mod seed001;
@@ -20,13 +21,23 @@ use seed001::*;
 use softrdma::rdma_cm::{EventChannel, EventType, PortSpace};
 
 fn main() {
-    let once = std::env::args().any(|a| a == "--once");
+    let args: Vec<String> = std::env::args().collect();
+    let once = args.iter().any(|a| a == "--once");
+    let ip: Ipv4Addr = args
+        .iter()
+        .position(|a| a == "--addr")
+        .and_then(|i| args.get(i + 1))
+        .map(|a| {
+            a.parse()
+                .unwrap_or_else(|_| die("--addr: not an IPv4 address"))
+        })
+        .unwrap_or(Ipv4Addr::UNSPECIFIED);
     let ec = EventChannel::new().unwrap_or_else(|_| die("error: rdma_create_event_channel failed"));
     let listener = ec
         .create_id(PortSpace::Tcp)
         .unwrap_or_else(|_| die("error: rdma_create_id failed"));
     listener
-        .bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))
+        .bind_addr(SocketAddr::V4(SocketAddrV4::new(ip, 0)))
         .unwrap_or_else(|e| die(&format!("error: rdma_bind_addr failed: {e}")));
     listener
         .listen(10) // backlog=10 is arbitrary

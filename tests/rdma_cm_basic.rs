@@ -1,6 +1,7 @@
 //! rdma_cm over the user-space transport in one process: a listener and a client on the
 //! loopback device, through the whole life of a connection.
 
+mod cm_util;
 mod verbs_util;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -20,7 +21,7 @@ fn any(port: u16) -> SocketAddr {
 }
 
 fn lo(port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+    SocketAddr::V4(SocketAddrV4::new(cm_util::loopback(), port))
 }
 
 struct Res {

@@ -3,6 +3,8 @@
 //! plain UDP socket on another loopback address driven by a sans-IO `CmManager`, so it can stop
 //! answering at any point.
 
+mod cm_util;
+
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -130,7 +132,7 @@ fn qp_on(id: &CmId) -> QueuePair {
 
 fn listener(ch: &EventChannel) -> (CmId, SocketAddrV4) {
     let id = ch.create_id(PortSpace::Tcp).unwrap();
-    id.bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)))
+    id.bind_addr(SocketAddr::V4(SocketAddrV4::new(cm_util::loopback(), 0)))
         .unwrap();
     id.listen(4).unwrap();
     let a = id.local_addr().unwrap();

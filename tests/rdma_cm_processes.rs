@@ -85,19 +85,27 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// A loopback address no endpoint uses (nothing answers on its UDP port 4791).
+/// A loopback address no endpoint uses (nothing answers on its UDP port 4791), a different one
+/// for each test of this binary (they run in parallel).
 fn free_loopback() -> String {
-    for x in 100..250u8 {
+    static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(100);
+    loop {
+        let x = NEXT.fetch_add(7, std::sync::atomic::Ordering::Relaxed);
+        assert!(x < 250, "no free 127.0.0.x");
         let a = std::net::Ipv4Addr::new(127, 0, 0, x);
         if std::net::UdpSocket::bind((a, 4791)).is_ok() {
             return a.to_string();
         }
     }
-    panic!("no free 127.0.0.x");
 }
 
 #[test]
-fn rping_and_cmatose_between_two_processes() {
+fn rping_cmatose_and_seed_001_between_two_processes() {
+    rping_and_cmatose();
+    seed_rdma_cm_server_and_client();
+}
+
+fn rping_and_cmatose() {
     let addr = free_loopback();
     let port = (20000 + std::process::id() % 20000).to_string();
     // rping: 10 pings of 3000 bytes (READ and WRITE span several packets), validated.
@@ -144,10 +152,13 @@ fn rping_and_cmatose_between_two_processes() {
 }
 
 /// The seed's (001) server and client as two processes: the client connects to the port the
-/// server printed, both print the other's message, the client disconnects, both exit 0.
-#[test]
+/// server printed, both print the other's message, the client disconnects, both exit 0. (Run
+/// after the others, from one test: these processes must not race each other for addresses.)
 fn seed_rdma_cm_server_and_client() {
     use std::io::{BufRead, BufReader, Read};
+    // As the seed: the server binds any address and the client connects to 127.0.0.1, which
+    // the server's loopback endpoint holds (nothing else runs now).
+    let addr = "127.0.0.1".to_string();
     let mut server = Command::new(example("rdma_cm_server"))
         .arg("--once")
         .stdout(Stdio::piped())
@@ -164,9 +175,15 @@ fn seed_rdma_cm_server_and_client() {
         .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
         .to_string();
     let server = Server(Some(server));
-    let c = finish(spawn("rdma_cm_client", &["127.0.0.1", &port]), "rdma_cm_client");
+    let c = finish(
+        spawn("rdma_cm_client", &["127.0.0.1", &port]),
+        "rdma_cm_client",
+    );
     let ct = text(&c);
-    assert!(c.status.success(), "{ct}");
+    assert!(
+        c.status.success(),
+        "client to {addr}:{port} (server said {first:?}): {ct}"
+    );
     for line in [
         "address resolved.",
         "route resolved.",

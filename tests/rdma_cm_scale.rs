@@ -1,7 +1,9 @@
 //! Many connections at once: one listener accepting hundreds of clients that connect from
 //! several threads, each thread with its own event channel.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+mod cm_util;
+
+use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +44,7 @@ fn listener_accepts_hundreds_of_clients_from_several_threads() {
     let ch = EventChannel::new().unwrap();
     let listen = ch.create_id(PortSpace::Tcp).unwrap();
     listen
-        .bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)))
+        .bind_addr(SocketAddr::V4(SocketAddrV4::new(cm_util::loopback(), 0)))
         .unwrap();
     listen.listen(THREADS * PER_THREAD).unwrap();
     let port = listen.local_addr().unwrap().port();
@@ -54,7 +56,7 @@ fn listener_accepts_hundreds_of_clients_from_several_threads() {
             let established = established.clone();
             std::thread::spawn(move || {
                 let ch = EventChannel::new().unwrap();
-                let dst = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+                let dst = SocketAddr::V4(SocketAddrV4::new(cm_util::loopback(), port));
                 let mut ids = Vec::new();
                 let mut qps = Vec::new();
                 // Resolve every id first: their events come before any connection's.

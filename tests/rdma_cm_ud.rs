@@ -1,6 +1,7 @@
 //! rdma_cm in the UDP port space: SIDR resolves the peer's UD QP and Q_Key, then datagrams flow
 //! through address handles made from what the CM reported.
 
+mod cm_util;
 mod verbs_util;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -49,7 +50,7 @@ fn resolved(ch: &EventChannel, port: u16) -> CmId {
     let id = ch.create_id(PortSpace::Udp).unwrap();
     id.resolve_addr(
         None,
-        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)),
+        SocketAddr::V4(SocketAddrV4::new(cm_util::loopback(), port)),
         T,
     )
     .unwrap();
