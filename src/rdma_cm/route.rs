@@ -47,13 +47,23 @@ pub(crate) fn context_for(dev: &Device) -> Result<Context> {
     Ok(c)
 }
 
-/// Every device's context (a wildcard listener listens on all of them).
+/// Every device's context that can be opened (a wildcard listener listens on all of them). A
+/// device whose address another process's endpoint holds (a second wildcard server on one
+/// machine) is skipped; only if none can be opened is it an error.
 pub(crate) fn all_contexts() -> Result<Vec<Context>> {
     let devs = devices()?;
-    if devs.is_empty() {
-        return Err(CmaError::NoDevice);
+    let mut out = Vec::new();
+    let mut last = CmaError::NoDevice;
+    for d in &devs {
+        match context_for(d) {
+            Ok(c) => out.push(c),
+            Err(e) => last = e,
+        }
     }
-    devs.iter().map(context_for).collect()
+    if out.is_empty() {
+        return Err(last);
+    }
+    Ok(out)
 }
 
 /// The context whose endpoint has address `a`. Any 127.x address is on `lo`: if no context has
