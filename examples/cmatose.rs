@@ -11,7 +11,7 @@
 #[allow(dead_code)]
 mod getopt;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -53,14 +53,7 @@ struct Test {
 }
 
 fn resolve(s: &str) -> Result<Ipv4Addr, String> {
-    (s, 0)
-        .to_socket_addrs()
-        .map_err(|e| format!("cmatose: getaddrinfo error: {e}"))?
-        .find_map(|a| match a.ip() {
-            IpAddr::V4(v) => Some(v),
-            _ => None,
-        })
-        .ok_or_else(|| format!("cmatose: getaddrinfo error: no IPv4 address for {s}"))
+    getopt::ipv4_of(s).map_err(|e| format!("cmatose: {e}"))
 }
 
 fn usage(name: &str) -> ! {

@@ -46,6 +46,14 @@ fn ud_resources(id: &CmId) -> Res {
     Res { pd, cq, qp, mr }
 }
 
+/// A UDP-port-space id bound to an ephemeral port on every device.
+fn bound(ch: &EventChannel) -> CmId {
+    let id = ch.create_id(PortSpace::Udp).unwrap();
+    id.bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))
+        .unwrap();
+    id
+}
+
 fn resolved(ch: &EventChannel, port: u16) -> CmId {
     let id = ch.create_id(PortSpace::Udp).unwrap();
     id.resolve_addr(
@@ -63,10 +71,7 @@ fn resolved(ch: &EventChannel, port: u16) -> CmId {
 #[test]
 fn sidr_resolution_then_datagrams_both_ways() {
     let sch = EventChannel::new().unwrap();
-    let listen = sch.create_id(PortSpace::Udp).unwrap();
-    listen
-        .bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))
-        .unwrap();
+    let listen = bound(&sch);
     listen.listen(4).unwrap();
     let port = listen.local_addr().unwrap().port();
 
@@ -167,10 +172,7 @@ fn sidr_resolution_then_datagrams_both_ways() {
 #[test]
 fn sidr_to_a_port_nobody_listens_on_is_unreachable() {
     let ch = EventChannel::new().unwrap();
-    let other = ch.create_id(PortSpace::Udp).unwrap();
-    other
-        .bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))
-        .unwrap();
+    let other = bound(&ch);
     let port = other.local_addr().unwrap().port();
     let c = resolved(&ch, port);
     let _r = ud_resources(&c);
@@ -182,10 +184,7 @@ fn sidr_to_a_port_nobody_listens_on_is_unreachable() {
 #[test]
 fn sidr_reject_and_private_data_limits() {
     let sch = EventChannel::new().unwrap();
-    let listen = sch.create_id(PortSpace::Udp).unwrap();
-    listen
-        .bind_addr(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))
-        .unwrap();
+    let listen = bound(&sch);
     listen.listen(4).unwrap();
     let port = listen.local_addr().unwrap().port();
     let ch = EventChannel::new().unwrap();

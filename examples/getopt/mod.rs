@@ -80,3 +80,17 @@ pub fn random_psn() -> u32 {
     getrandom::getrandom(&mut b).expect("getrandom");
     u32::from_le_bytes(b) & 0xff_ffff
 }
+
+/// `getaddrinfo` for IPv4: a dotted quad, or the first IPv4 address of a host name.
+#[allow(dead_code)] // not every tool takes host names
+pub fn ipv4_of(host: &str) -> Result<std::net::Ipv4Addr, String> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    (host, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("getaddrinfo error: {host}: {e}"))?
+        .find_map(|a| match a {
+            SocketAddr::V4(a) => Some(*a.ip()),
+            SocketAddr::V6(_) => None,
+        })
+        .ok_or_else(|| format!("getaddrinfo error: no IPv4 address for {host}"))
+}

@@ -4,7 +4,7 @@
 //! and keys travel as perftest's binary `struct pingpong_dest` in network byte order.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
@@ -123,17 +123,6 @@ pub struct Comm {
     pub client: bool,
 }
 
-fn ipv4_of(host: &str) -> Result<Ipv4Addr, String> {
-    (host, 0)
-        .to_socket_addrs()
-        .map_err(|e| format!("Couldn't resolve {host}: {e}"))?
-        .find_map(|a| match a {
-            SocketAddr::V4(a) => Some(*a.ip()),
-            _ => None,
-        })
-        .ok_or_else(|| format!("no IPv4 address for {host}"))
-}
-
 /// Wait for an event of type `want` (errors, with the event's name, otherwise).
 pub fn expect_event(
     ch: &EventChannel,
@@ -154,7 +143,7 @@ pub fn expect_event(
 
 /// Client: resolve `host:port` on `id` (ADDR_RESOLVED, ROUTE_RESOLVED).
 pub fn resolve(ch: &EventChannel, id: &CmId, host: &str, port: u16) -> Result<(), String> {
-    let dst = SocketAddr::V4(SocketAddrV4::new(ipv4_of(host)?, port));
+    let dst = SocketAddr::V4(SocketAddrV4::new(crate::getopt::ipv4_of(host)?, port));
     id.resolve_addr(None, dst, Duration::from_millis(2000))
         .map_err(|e| format!("rdma_resolve_addr failed: {e}"))?;
     expect_event(ch, EventType::AddrResolved)?;

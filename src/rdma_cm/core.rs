@@ -16,6 +16,7 @@ use crate::cm::manager::{
     CmConfig, CmEvent as IbEvent, CmId as IbId, CmManager, ConnState, ConnectRequestInfo,
     EstablishedInfo,
 };
+use crate::cm::private_data::CmaHdr;
 use crate::cm::service_id;
 use crate::cm::sidr_manager::{SidrRequestInfo, SidrStatus};
 use crate::transport::{AccessFlags, AddressVector, Mtu, QpAttr, QpState};
@@ -62,9 +63,6 @@ pub(crate) struct CmaCore {
     conns: HashMap<u32, ConnRec>,
     gen_seen: u64,
     psn: u32,
-    /// GSI packets received and sent.
-    pub gsi_rx: u64,
-    pub gsi_tx: u64,
 }
 
 fn random_u64() -> u64 {
@@ -89,8 +87,6 @@ impl CmaCore {
             conns: HashMap::new(),
             gen_seen: 0,
             psn: r as u32 & 0x00ff_ffff,
-            gsi_rx: 0,
-            gsi_tx: 0,
         }
     }
 
@@ -110,7 +106,6 @@ impl CmaCore {
 
     /// A packet to QP1 from `src_ip`.
     pub fn on_gsi_packet(&mut self, now: Instant, src_ip: Ipv4Addr, pkt: &Packet<'_>) {
-        self.gsi_rx += 1;
         self.cm.handle_gsi_packet(now, gid_from_ipv4(src_ip), pkt);
     }
 
@@ -127,7 +122,6 @@ impl CmaCore {
             };
             let psn = self.psn;
             self.psn = (self.psn + 1) & 0x00ff_ffff;
-            self.gsi_tx += 1;
             return Some((ip, crate::cm::manager::gsi_packet(&dest, &mad, psn)));
         }
     }
@@ -179,6 +173,38 @@ impl CmaCore {
 
     pub fn remove_conn(&mut self, id: IbId) {
         self.conns.remove(&id.0);
+    }
+
+    /// The local address of an incoming request for `sid`, and the peer's: from the rdma_cm header
+    /// when there is one, else the address in the peer's GID (port unknown).
+    fn endpoints(
+        &self,
+        sid: u64,
+        cma: Option<&CmaHdr>,
+        peer_gid: &[u8; 16],
+    ) -> (SocketAddrV4, Option<SocketAddrV4>) {
+        let port = service_id::split(sid).map_or(0, |(_, p)| p);
+        let remote = cma
+            .and_then(|h| match h.src_ip() {
+                Some(std::net::IpAddr::V4(a)) => Some(SocketAddrV4::new(a, h.src_port)),
+                _ => None,
+            })
+            .or_else(|| ipv4_from_gid(peer_gid).map(|a| SocketAddrV4::new(a, 0)));
+        (SocketAddrV4::new(self.local, port), remote)
+    }
+
+    /// Track the new id of an incoming request; the returned handle goes into its event.
+    fn add_child(&mut self, id: IbId, child: Arc<IdInner>, sid: u64) -> Arc<Handle> {
+        let handle = Arc::new(Handle::new(child.clone()));
+        self.conns.insert(
+            id.0,
+            ConnRec {
+                handle: Arc::downgrade(&handle),
+                inner: child,
+                listen_sid: Some(sid),
+            },
+        );
+        handle
     }
 
     /// Turn the IB CM's events into rdma_cm events and QP transitions; tear down what
@@ -321,26 +347,9 @@ impl CmaCore {
                 .sidr_reply(Instant::now(), id, SidrStatus::Unsupported, 0, 0, &[]);
             return;
         };
-        let port = service_id::split(info.service_id).map_or(0, |(_, p)| p);
-        let local = SocketAddrV4::new(self.local, port);
-        let remote = info
-            .cma
-            .as_ref()
-            .and_then(|h| match h.src_ip() {
-                Some(std::net::IpAddr::V4(a)) => Some(SocketAddrV4::new(a, h.src_port)),
-                _ => None,
-            })
-            .or_else(|| ipv4_from_gid(&info.peer.gid).map(|a| SocketAddrV4::new(a, 0)));
+        let (local, remote) = self.endpoints(info.service_id, info.cma.as_ref(), &info.peer.gid);
         let child = IdInner::child_ud(&linner, ctx, local, remote, id, info.peer.gid);
-        let handle = Arc::new(Handle::new(child.clone()));
-        self.conns.insert(
-            id.0,
-            ConnRec {
-                handle: Arc::downgrade(&handle),
-                inner: child,
-                listen_sid: Some(info.service_id),
-            },
-        );
+        let handle = self.add_child(id, child, info.service_id);
         let param = EventParam::Ud(UdParam {
             private_data: info.private_data,
             ah_attr: ud_av(info.peer.gid),
@@ -394,26 +403,9 @@ impl CmaCore {
             let _ = self.cm.reject(id, &[]);
             return;
         };
-        let port = service_id::split(info.service_id).map_or(0, |(_, p)| p);
-        let local = SocketAddrV4::new(self.local, port);
-        let remote = info
-            .cma
-            .as_ref()
-            .and_then(|h| match h.src_ip() {
-                Some(std::net::IpAddr::V4(a)) => Some(SocketAddrV4::new(a, h.src_port)),
-                _ => None,
-            })
-            .or_else(|| ipv4_from_gid(&info.peer.gid).map(|a| SocketAddrV4::new(a, 0)));
+        let (local, remote) = self.endpoints(info.service_id, info.cma.as_ref(), &info.peer.gid);
         let child = IdInner::child(&linner, ctx, local, remote, id, info.clone());
-        let handle = Arc::new(Handle::new(child.clone()));
-        self.conns.insert(
-            id.0,
-            ConnRec {
-                handle: Arc::downgrade(&handle),
-                inner: child.clone(),
-                listen_sid: Some(info.service_id),
-            },
-        );
+        let handle = self.add_child(id, child, info.service_id);
         let param = EventParam::Conn(ConnParam {
             private_data: info.private_data.clone(),
             // From this side's point of view (as ib_cm's cm_format_req_event swaps them).

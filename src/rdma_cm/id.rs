@@ -63,7 +63,6 @@ pub(crate) struct IdState {
     pub remote: Option<SocketAddrV4>,
     pub qpn: Option<u32>,
     pub conn: Option<IbId>,
-    pub listen_sid: Option<u64>,
     pub rq_psn: u32,
     pub mtu: Mtu,
     pub flow_label: u32,
@@ -238,7 +237,6 @@ fn blank_state() -> IdState {
         remote: None,
         qpn: None,
         conn: None,
-        listen_sid: None,
         rq_psn: 0,
         mtu: Mtu::Mtu1024,
         flow_label: 0,
@@ -431,7 +429,6 @@ impl CmId {
         }
         let mut st = self.inner().state();
         st.listen_ctxs = ctxs;
-        st.listen_sid = Some(sid);
         st.phase = Phase::Listening;
         Ok(())
     }
