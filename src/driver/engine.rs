@@ -38,6 +38,10 @@ pub struct Stats {
     pub rx_unknown_qp: u64,
     /// Packets to the GSI QP1 (connection management), handed to the rdma_cm core.
     pub rx_gsi: u64,
+    /// RC packets dropped because they did not come from the QP's peer (its address vector's
+    /// IP address) or arrived before the QP had one: forged or stray traffic (IBA C9-43,
+    /// rdma_rxe's `check_addr`).
+    pub rx_bad_source: u64,
     pub tx_dropped: u64,
 }
 
@@ -261,7 +265,15 @@ impl Engine {
         };
         let mem = mrs.for_pd(slot.pd);
         match &mut slot.qp {
-            QpTransport::Rc(rc) => rc.handle_packet(now, &pkt, &mem),
+            QpTransport::Rc(rc) => {
+                // A connected QP takes packets from its peer only: anyone can send to UDP 4791,
+                // and a forged packet must neither land in memory nor disturb the PSN sequence.
+                if !from_peer(rc, *from.ip()) {
+                    self.stats.rx_bad_source += 1;
+                    return;
+                }
+                rc.handle_packet(now, &pkt, &mem)
+            }
             QpTransport::Ud(ud) => {
                 // The IPv4 header as it arrived (IP ID recovered by the ICRC check above).
                 let Some(net) = net_header_v4(&hdr) else {
@@ -362,6 +374,13 @@ impl Engine {
             out.send(&mut hdr, &mut pkt, Some(dst));
         }
     }
+}
+
+/// Whether `src` is the IPv4 address of the RC QP's peer (no peer before RTR: nothing is).
+fn from_peer(rc: &RcQp, src: Ipv4Addr) -> bool {
+    rc.destination()
+        .and_then(|av| ipv4_from_gid(&av.dgid))
+        .is_some_and(|peer| peer == src)
 }
 
 /// Where [`Engine::flush_qp`] sends: the socket, the capture, the counters.

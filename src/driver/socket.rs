@@ -17,10 +17,11 @@ pub(crate) struct Io {
 
 impl Io {
     /// Bind `addr:4791`. On a loopback address that is taken, try the next 127.0.0.x, so several
-    /// endpoints (in one process or several) share a machine with no configuration.
-    pub fn bind(addr: Ipv4Addr) -> io::Result<Io> {
+    /// endpoints (in one process or several) share a machine with no configuration; a `pinned`
+    /// address is bound exactly or not at all.
+    pub fn bind(addr: Ipv4Addr, pinned: bool) -> io::Result<Io> {
         let mut candidates = vec![addr];
-        if addr.is_loopback() {
+        if addr.is_loopback() && !pinned {
             candidates.extend(
                 (1..=254u8)
                     .map(|i| Ipv4Addr::new(127, 0, 0, i))

@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 
 use super::error::{CmaError, Result};
 use crate::cm::service_id::PortSpace;
-use crate::verbs::{devices, Context, Device};
+use crate::verbs::{devices, Context, Device, VerbsError};
 
 /// First and last ephemeral port (Linux `ip_local_port_range` defaults).
 const EPHEMERAL: (u16, u16) = (32768, 60999);
@@ -92,11 +92,12 @@ pub(crate) fn context_for_local(a: Ipv4Addr) -> Result<Context> {
         .find(|d| d.addr().is_loopback())
         .filter(|_| a.is_loopback())
         .ok_or(CmaError::AddrNotAvailable(a))?;
-    let c = lo.at(a).open()?;
-    if c.addr() != a {
-        // Taken by another process; this context bound elsewhere and is dropped.
-        return Err(CmaError::AddrInUse);
-    }
+    let c = match lo.at(a).open() {
+        Ok(c) => c,
+        // Taken by another process.
+        Err(VerbsError::AddrInUse(_)) => return Err(CmaError::AddrInUse),
+        Err(e) => return Err(e.into()),
+    };
     registry().extra.push(c.clone());
     Ok(c)
 }

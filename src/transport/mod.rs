@@ -9,5 +9,5 @@ pub mod types;
 pub mod ud;
 
 pub use memory::{MemError, MemoryAccess};
-pub use rc::{PostError, QpError, RcQp};
+pub use rc::{PostError, QpError, RcQp, MAX_MSG_LEN};
 pub use types::*;

@@ -14,6 +14,7 @@ use super::error::{Result, VerbsError};
 use super::event::{AsyncEvent, AsyncQueue};
 use super::mr::MrTable;
 use super::pd::ProtectionDomain;
+use super::quota::Quota;
 use crate::driver::engine::{Engine, Stats};
 use crate::driver::socket::Io;
 
@@ -37,6 +38,9 @@ pub(crate) struct Shared {
     pub async_events: Arc<AsyncQueue>,
     /// QPs dropped while the engine was busy (see `QueuePair`'s drop).
     deferred_removals: Mutex<Vec<u32>>,
+    /// `max_pd` and `max_cq`, enforced.
+    pub(crate) pd_quota: Arc<Quota>,
+    pub(crate) cq_quota: Arc<Quota>,
 }
 
 impl Shared {
@@ -193,7 +197,13 @@ pub struct Context {
 
 impl Context {
     pub(crate) fn open(device: Device, opts: &ContextOptions) -> Result<Context> {
-        let io = Arc::new(Io::bind(device.addr())?);
+        let io = Arc::new(Io::bind(device.addr(), device.pinned()).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                VerbsError::AddrInUse(device.addr())
+            } else {
+                e.into()
+            }
+        })?);
         let addr = io.local_addr();
         let pcap = opts
             .pcap
@@ -213,6 +223,8 @@ impl Context {
             epoch: Instant::now(),
             async_events: Arc::new(AsyncQueue::default()),
             deferred_removals: Mutex::new(Vec::new()),
+            pd_quota: Quota::new(MAX_PD, "max_pd protection domains exist"),
+            cq_quota: Quota::new(MAX_CQ, "max_cq completion queues exist"),
         });
         crate::driver::progress::spawn(Arc::downgrade(&shared), io)?;
         Ok(Context { shared })
@@ -250,7 +262,7 @@ impl Context {
             max_cq: MAX_CQ as u32,
             max_cqe: MAX_CQE,
             max_mr: MAX_MR as u32,
-            max_pd: 1 << 16,
+            max_pd: MAX_PD as u32,
             max_qp_rd_atom: MAX_RD_ATOM,
             max_qp_init_rd_atom: MAX_RD_ATOM,
             max_res_rd_atom: MAX_RD_ATOM * MAX_QP as u32,
@@ -293,6 +305,7 @@ impl Context {
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         Ok(ProtectionDomain {
+            _slot: self.shared.pd_quota.take()?,
             id: self.shared.next_id(),
             shared: self.shared.clone(),
         })
@@ -322,7 +335,9 @@ impl Context {
                 ));
             }
         }
+        let slot = self.shared.cq_quota.take()?;
         let inner = Arc::new(CqShared::new(
+            slot,
             self.shared.next_id(),
             cqe as usize,
             channel.map(|c| c.inner.clone()),

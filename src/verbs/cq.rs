@@ -8,6 +8,7 @@ use super::channel::ChannelShared;
 use super::context::Shared;
 use super::error::{Result, VerbsError};
 use super::event::{AsyncEvent, AsyncQueue};
+use super::quota::QuotaSlot;
 use crate::transport::{Completion, WcStatus};
 
 /// A work completion (`struct ibv_wc`).
@@ -44,6 +45,8 @@ struct CqState {
 }
 
 pub(crate) struct CqShared {
+    /// This CQ's share of `max_cq`, held until the last handle and QP let go of it.
+    _slot: QuotaSlot,
     pub id: u32,
     cap: usize,
     state: Mutex<CqState>,
@@ -55,12 +58,14 @@ pub(crate) struct CqShared {
 
 impl CqShared {
     pub(crate) fn new(
+        slot: QuotaSlot,
         id: u32,
         cap: usize,
         channel: Option<Arc<ChannelShared>>,
         async_events: Arc<AsyncQueue>,
     ) -> Self {
         CqShared {
+            _slot: slot,
             id,
             cap,
             state: Mutex::new(CqState::default()),

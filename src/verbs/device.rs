@@ -11,11 +11,12 @@ pub(crate) const MAX_QP: usize = 16 * 1024;
 pub(crate) const MAX_QP_WR: u32 = 16 * 1024;
 pub(crate) const MAX_SGE: u32 = 32;
 pub(crate) const MAX_CQ: usize = 16 * 1024;
+pub(crate) const MAX_PD: usize = 64 * 1024;
 pub(crate) const MAX_CQE: u32 = 1 << 20;
 pub(crate) const MAX_MR: usize = 256 * 1024;
 pub(crate) const MAX_INLINE: u32 = 256;
 pub(crate) const MAX_RD_ATOM: u32 = 128;
-pub(crate) const MAX_MSG: u64 = 1 << 31;
+pub(crate) const MAX_MSG: u64 = crate::transport::MAX_MSG_LEN;
 
 /// An RDMA device (`struct ibv_device`): a RoCEv2 endpoint on one local IPv4 address.
 #[derive(Clone, Debug)]
@@ -24,6 +25,9 @@ pub struct Device {
     ifname: String,
     addr: Ipv4Addr,
     if_mtu: u32,
+    /// Bind exactly `addr` (`SOFTRDMA_ADDR`, or an rdma_cm bind to one 127.x address): when it
+    /// is taken, opening fails instead of moving to the next free loopback address.
+    pinned: bool,
 }
 
 /// `ibv_get_device_list`: one device per local IPv4 interface address, loopback first, named
@@ -47,6 +51,7 @@ pub fn devices() -> Result<Vec<Device>> {
             ifname,
             addr,
             if_mtu,
+            pinned: true,
         }]);
     }
     let mut ifs = interfaces()?;
@@ -59,6 +64,7 @@ pub fn devices() -> Result<Vec<Device>> {
             ifname: f.name,
             addr: f.addr,
             if_mtu: f.mtu,
+            pinned: false,
         })
         .collect())
 }
@@ -138,9 +144,15 @@ impl Device {
     pub fn ifname(&self) -> &str {
         &self.ifname
     }
-    /// The IPv4 address the device binds (on loopback, the first free 127.x address is used).
+    /// The IPv4 address the device binds (on loopback, the first free 127.x address is used,
+    /// unless the address is pinned).
     pub fn addr(&self) -> Ipv4Addr {
         self.addr
+    }
+    /// Whether opening binds exactly [`Device::addr`] or fails ([`VerbsError::AddrInUse`]):
+    /// true for the device `SOFTRDMA_ADDR` names.
+    pub fn pinned(&self) -> bool {
+        self.pinned
     }
     /// Node GUID derived from the address, as rxe derives it from the MAC (an EUI-64 with the
     /// address in place of the MAC's low bytes). A context opened on a busy loopback address
@@ -161,7 +173,8 @@ impl Device {
             .unwrap_or(Mtu::Mtu256)
     }
     /// `ibv_open_device`: bind the endpoint (UDP `addr:4791`; on loopback, if that is taken,
-    /// the next free 127.0.0.x) and start its progress thread.
+    /// the next free 127.0.0.x, unless the device is [pinned](Device::pinned)) and start its
+    /// progress thread.
     pub fn open(&self) -> Result<Context> {
         Context::open(self.clone(), &ContextOptions::default())
     }
@@ -170,10 +183,11 @@ impl Device {
         Context::open(self.clone(), opts)
     }
 
-    /// The same device on another address of its interface (another 127.x on `lo`).
+    /// The same device pinned to another address of its interface (another 127.x on `lo`).
     pub(crate) fn at(&self, addr: Ipv4Addr) -> Device {
         Device {
             addr,
+            pinned: true,
             ..self.clone()
         }
     }

@@ -13,6 +13,11 @@ pub enum VerbsError {
     NoResources(&'static str),
     #[error("no such device or address: {0}")]
     NotFound(String),
+    /// A pinned device's address (`SOFTRDMA_ADDR`) is held by another endpoint.
+    #[error(
+        "{0}:4791 is in use by another RoCE endpoint (kernel rdma_rxe or another softrdma process)"
+    )]
+    AddrInUse(std::net::Ipv4Addr),
     #[error("operation would block")]
     WouldBlock,
     #[error("completion queue overrun: more completions than its capacity")]
@@ -39,6 +44,7 @@ impl VerbsError {
             VerbsError::Busy(_) => libc::EBUSY,
             VerbsError::NoResources(_) => libc::ENOMEM,
             VerbsError::NotFound(_) => libc::ENODEV,
+            VerbsError::AddrInUse(_) => libc::EADDRINUSE,
             VerbsError::WouldBlock => libc::EAGAIN,
             VerbsError::CqOverrun => libc::EOVERFLOW,
             VerbsError::Post { error, .. } => match error {

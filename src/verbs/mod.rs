@@ -19,6 +19,7 @@ mod event;
 mod mr;
 mod pd;
 mod qp;
+mod quota;
 
 pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;

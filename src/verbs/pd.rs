@@ -10,11 +10,14 @@ use super::error::{Result, VerbsError};
 const MR_ALIGN: usize = 64;
 use super::mr::MemoryRegion;
 use super::qp::{QpInitAttr, QueuePair};
+use super::quota::QuotaSlot;
 use crate::transport::AccessFlags;
 
 /// A protection domain (`struct ibv_pd`): memory regions and QPs of one PD see each other's
 /// keys; a key from another PD is invalid.
 pub struct ProtectionDomain {
+    /// This PD's share of `max_pd`.
+    pub(crate) _slot: QuotaSlot,
     pub(crate) id: u32,
     pub(crate) shared: Arc<Shared>,
 }

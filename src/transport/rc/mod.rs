@@ -7,4 +7,4 @@ mod requester;
 mod responder;
 mod timer;
 
-pub use qp::{PostError, QpError, RcQp};
+pub use qp::{PostError, QpError, RcQp, MAX_MSG_LEN};

@@ -32,6 +32,10 @@ pub enum QpError {
 }
 
 /// Errors of `post_send`/`post_recv` detected at post time (`EINVAL`/`ENOMEM` in libibverbs).
+/// The longest message a work request may carry: 2^31 bytes, the `max_msg_sz` rdma_rxe
+/// advertises (`RXE_MAX_MSG_SIZE`); RETH's DMA length is 32 bits.
+pub const MAX_MSG_LEN: u64 = 1 << 31;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PostError {
     #[error("QP state {0:?} does not accept this work request")]
@@ -408,7 +412,7 @@ impl RcQp {
             });
         }
         let len = wqe.length();
-        if len >= 1 << 31 {
+        if len > MAX_MSG_LEN {
             return Err(PostError::MessageTooLong(len));
         }
         if matches!(wqe.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8 {
