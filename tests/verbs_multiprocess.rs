@@ -1,5 +1,5 @@
-//! Two processes on one machine talk with no configuration: the second one to open the loopback
-//! device finds 127.0.0.1:4791 taken and binds the next free 127.0.0.x. The peer process is this
+//! Two processes on one machine talk with no configuration: both open the loopback device and
+//! share its address, 127.0.0.1:4791 (`driver::share`). The peer process is this
 //! test binary re-executed on the ignored `child` test; connection data goes over its stdio.
 mod verbs_util;
 
@@ -100,11 +100,14 @@ fn two_processes_over_loopback() {
             break parse(&l[i..]);
         }
     };
-    assert_ne!(
+    // Both processes share the loopback device's address (UDP 127.0.0.1:4791 with
+    // SO_REUSEPORT); their QPNs carry distinct slots, which steer each datagram to its owner.
+    assert_eq!(
         ipv4_from_gid(&peer.gid),
         Some(me.ctx.addr()),
-        "distinct endpoints"
+        "one shared address"
     );
+    assert_ne!(peer.qpn >> 16, me.qp.qp_num() >> 16, "distinct slots");
     writeln!(stdin, "{}", info_line(&me, 11, &mr)).unwrap();
     connect(&me.qp, 11, peer.qpn, peer.psn, peer.gid);
 

@@ -359,6 +359,8 @@ pub struct CmManager {
     pub(super) sidr: SidrTable,
     /// MADs dropped because they did not parse or matched nothing.
     pub dropped: u64,
+    /// The top byte of every local ID, if set ([`CmManager::set_id_prefix`]).
+    id_prefix: Option<u8>,
 }
 
 fn pd<const N: usize>(data: &[u8]) -> Result<PrivateData<N>, CmError> {
@@ -385,7 +387,14 @@ impl CmManager {
             events: VecDeque::new(),
             sidr: SidrTable::default(),
             dropped: 0,
+            id_prefix: None,
         }
+    }
+
+    /// Make every local communication ID and SIDR request ID start with byte `prefix`: a
+    /// device address shared by several processes steers CM replies by it (`driver::share`).
+    pub fn set_id_prefix(&mut self, prefix: u8) {
+        self.id_prefix = Some(prefix);
     }
 
     pub fn config(&self) -> &CmConfig {
@@ -403,7 +412,10 @@ impl CmManager {
 
     pub(super) fn new_comm_id(&mut self) -> u32 {
         loop {
-            let id = self.next_rand() as u32;
+            let mut id = self.next_rand() as u32;
+            if let Some(p) = self.id_prefix {
+                id = (p as u32) << 24 | id & 0x00ff_ffff;
+            }
             if id != 0 && !self.conns.contains_key(&id) && !self.sidr.has(id) {
                 return id;
             }

@@ -23,8 +23,10 @@ use crate::wire::{icrc, Packet, ROCE_V2_PORT};
 const RX_BURST: usize = 64;
 /// Room for the largest packet: 4096 payload + headers + ICRC.
 const BUF_LEN: usize = 4096 + 256;
-/// First QPN handed out, as rxe (0 and 1 are the special QPs).
+/// First QPN handed out within a slot's range, as rxe's first (0 and 1 are the special QPs).
 const FIRST_QPN: u32 = 0x11;
+/// QPNs of one slot: the low 16 bits (the top 8 are the slot, see `driver::share`).
+const QPN_MASK: u32 = 0xffff;
 /// The GSI QP (QP1): CM MADs. Never an application UD QP.
 const GSI_QPN: u32 = 1;
 
@@ -88,6 +90,8 @@ pub(crate) struct QpSlot {
 
 pub(crate) struct Engine {
     qps: HashMap<u32, QpSlot>,
+    /// This endpoint's slot on its (shared) address: the top byte of its QPNs.
+    slot: u8,
     next_qpn: u32,
     rx: Box<[u8]>,
     tx: Box<[u8]>,
@@ -101,28 +105,31 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub fn new(capture: Option<PathBuf>, local: Ipv4Addr) -> Result<Engine, VerbsError> {
+    pub fn new(capture: Option<PathBuf>, local: Ipv4Addr, slot: u8) -> Result<Engine, VerbsError> {
         let capture = match capture {
             Some(p) => Some(Capture::open(&p, local)?),
             None => None,
         };
         Ok(Engine {
             qps: HashMap::new(),
+            slot,
             next_qpn: FIRST_QPN,
             rx: vec![0u8; 65536].into_boxed_slice(),
             tx: vec![0u8; IPV4_LEN + UDP_LEN + BUF_LEN].into_boxed_slice(),
             dirty: Vec::with_capacity(64),
             capture,
             stats: Stats::default(),
-            cma: CmaCore::new(local, guid_from_ipv4(local)),
+            cma: CmaCore::new(local, guid_from_ipv4(local), slot),
             cma_pending: false,
         })
     }
 
+    /// A free QPN of this endpoint's slot: `slot << 16 | n`.
     pub fn alloc_qpn(&mut self) -> Result<u32, VerbsError> {
-        for _ in 0..0x00ff_ffff {
-            let q = self.next_qpn;
-            self.next_qpn = if q >= 0x00ff_ffff { FIRST_QPN } else { q + 1 };
+        for _ in 0..=QPN_MASK {
+            let n = self.next_qpn;
+            self.next_qpn = if n >= QPN_MASK { 0 } else { n + 1 };
+            let q = (self.slot as u32) << 16 | n;
             if !self.qps.contains_key(&q) {
                 return Ok(q);
             }

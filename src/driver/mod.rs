@@ -4,6 +4,8 @@
 pub(crate) mod capture;
 pub(crate) mod engine;
 pub(crate) mod progress;
+pub(crate) mod share;
 pub(crate) mod socket;
+pub(crate) mod steer;
 
 pub use engine::Stats;

@@ -12,6 +12,8 @@ use crate::verbs::Shared;
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// An application that polled its CQ this recently is taken to be busy-polling.
 const POLL_WINDOW: Duration = Duration::from_millis(2);
+/// How often the contexts sharing the address are checked for dead ones.
+const SHARE_CHECK: Duration = Duration::from_secs(1);
 
 pub(crate) fn spawn(shared: Weak<Shared>, io: Arc<Io>) -> std::io::Result<()> {
     std::thread::Builder::new()
@@ -32,9 +34,14 @@ fn wait_fd(fd: i32, timeout: Duration) {
 }
 
 fn run(shared: Weak<Shared>, io: Arc<Io>) {
+    let mut last_check = Instant::now();
     loop {
         if io.stopped() {
             return;
+        }
+        if last_check.elapsed() >= SHARE_CHECK {
+            last_check = Instant::now();
+            io.check_share();
         }
         let sleep = match shared.upgrade() {
             Some(s) => {

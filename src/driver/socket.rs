@@ -1,24 +1,31 @@
 //! The endpoint's UDP socket on port 4791 and the eventfd that wakes the progress thread.
 
 use std::io;
+use std::mem::ManuallyDrop;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::share::Share;
 use crate::wire::ROCE_V2_PORT;
 
 pub(crate) struct Io {
-    pub socket: UdpSocket,
+    /// Closed by `Drop` while the share's registry is locked (see [`Share::leave`]).
+    pub socket: ManuallyDrop<UdpSocket>,
+    /// This endpoint's place among the contexts sharing its address; `None` when sharing
+    /// could not be set up (the address is then this endpoint's alone).
+    share: Option<Share>,
     wake: OwnedFd,
     stop: AtomicBool,
 }
 
 impl Io {
-    /// Bind `addr:4791`. On a loopback address that is taken, try the next 127.0.0.x, so several
-    /// endpoints (in one process or several) share a machine with no configuration; a `pinned`
-    /// address is bound exactly or not at all.
+    /// Bind `addr:4791`, shared with every other context of this user on that address (see
+    /// [`super::share`]). When the address is held by something that does not share (kernel
+    /// rdma_rxe, another user), a loopback address that is not `pinned` moves to the next free
+    /// 127.0.0.x; otherwise the error is `AddrInUse`.
     pub fn bind(addr: Ipv4Addr, pinned: bool) -> io::Result<Io> {
         let mut candidates = vec![addr];
         if addr.is_loopback() && !pinned {
@@ -31,7 +38,7 @@ impl Io {
         let mut last = None;
         for a in candidates {
             match Self::bind_one(a) {
-                Ok(s) => return Self::finish(s),
+                Ok((s, share)) => return Self::finish(s, share),
                 Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
                 Err(e) => return Err(e),
             }
@@ -39,13 +46,44 @@ impl Io {
         Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
     }
 
-    fn bind_one(a: Ipv4Addr) -> io::Result<Socket> {
+    fn bind_one(a: Ipv4Addr) -> io::Result<(Socket, Option<Share>)> {
         let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-        s.bind(&SocketAddrV4::new(a, ROCE_V2_PORT).into())?;
-        Ok(s)
+        let at = SocketAddrV4::new(a, ROCE_V2_PORT);
+        if s.set_reuse_port(true).is_ok() {
+            match Share::join(a, s.as_raw_fd(), || s.bind(&at.into())) {
+                Ok(share) => return Ok((s, Some(share))),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
+                // No registry (an unwritable temporary directory, say): bind alone.
+                Err(_) => {}
+            }
+        }
+        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        s.bind(&at.into())?;
+        Ok((s, None))
     }
 
-    fn finish(s: Socket) -> io::Result<Io> {
+    /// The slot that owns this endpoint's QPNs and CM IDs (their top byte): 1 when alone.
+    pub fn slot(&self) -> u8 {
+        self.share.as_ref().map_or(1, |s| s.slot)
+    }
+
+    /// Drop dead sharers from the steering (the progress thread calls this now and then).
+    pub fn check_share(&self) {
+        if let Some(s) = &self.share {
+            s.check(self.socket.as_raw_fd());
+        }
+    }
+
+    /// Steer REQs and SIDR_REQs for rdma_cm `port` to this endpoint (`listening`) or stop.
+    /// `AddrInUse`: another process listens on it.
+    pub fn set_listening(&self, port: u16, listening: bool) -> io::Result<()> {
+        match &self.share {
+            Some(s) => s.set_port(self.socket.as_raw_fd(), port, listening),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(s: Socket, share: Option<Share>) -> io::Result<Io> {
         s.set_nonblocking(true)?;
         let _ = s.set_recv_buffer_size(8 << 20);
         let _ = s.set_send_buffer_size(8 << 20);
@@ -73,7 +111,8 @@ impl Io {
         // SAFETY: `fd` is a fresh descriptor nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Io {
-            socket: s.into(),
+            socket: ManuallyDrop::new(s.into()),
+            share,
             wake,
             stop: AtomicBool::new(false),
         })
@@ -122,5 +161,19 @@ impl Io {
 
     pub fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Io {
+    fn drop(&mut self) {
+        // SAFETY: `socket` is taken exactly once, here, and not used afterwards.
+        let socket = unsafe { ManuallyDrop::take(&mut self.socket) };
+        match self.share.take() {
+            Some(share) => {
+                let fd = socket.as_raw_fd();
+                share.leave(fd, move || drop(socket));
+            }
+            None => drop(socket),
+        }
     }
 }

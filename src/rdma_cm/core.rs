@@ -72,15 +72,19 @@ fn random_u64() -> u64 {
 }
 
 impl CmaCore {
-    pub fn new(local: Ipv4Addr, node_guid: u64) -> Self {
+    /// The core of the device on `local`, whose CM IDs start with `slot` (the device's
+    /// slot on its shared address: the kernel steers CM replies to it by that byte).
+    pub fn new(local: Ipv4Addr, node_guid: u64, slot: u8) -> Self {
         let r = random_u64();
+        let mut cm = CmManager::new(CmConfig {
+            local_gid: gid_from_ipv4(local),
+            local_ca_guid: node_guid,
+            hi_tid: (r >> 32) as u32 | 1,
+            seed: random_u64(),
+        });
+        cm.set_id_prefix(slot);
         CmaCore {
-            cm: CmManager::new(CmConfig {
-                local_gid: gid_from_ipv4(local),
-                local_ca_guid: node_guid,
-                hi_tid: (r >> 32) as u32 | 1,
-                seed: random_u64(),
-            }),
+            cm,
             local,
             shared: None,
             listeners: HashMap::new(),

@@ -211,12 +211,18 @@ impl IdInner {
         if self.destroyed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (res, ctxs) = {
+        let (res, ctxs, listened) = {
             let mut st = self.state();
             let mut ctxs = std::mem::take(&mut st.listen_ctxs);
+            let listened = ctxs.len();
             ctxs.extend(st.ctx.clone());
-            (st.reservation.take(), ctxs)
+            (st.reservation.take(), ctxs, listened)
         };
+        if let (Some((_, p)), true) = (res, listened > 0) {
+            for c in &ctxs[..listened] {
+                let _ = c.shared.io.set_listening(p, false);
+            }
+        }
         if let Some((a, p)) = res {
             route::release_port(self.ps, a, p);
         }
@@ -403,7 +409,7 @@ impl CmId {
         } else {
             backlog
         };
-        let (ctxs, sid) = {
+        let (ctxs, sid, port) = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::Bound])?;
             let local = st.local.expect("bound");
@@ -411,7 +417,7 @@ impl CmId {
                 Some(c) => vec![c.clone()],
                 None => route::all_contexts()?,
             };
-            (ctxs, self.inner().ps.service_id(local.port()))
+            (ctxs, self.inner().ps.service_id(local.port()), local.port())
         };
         let mut done: Vec<Context> = Vec::new();
         for c in &ctxs {
@@ -419,9 +425,19 @@ impl CmId {
                 core.attach(c);
                 core.add_listener(sid, Arc::downgrade(&self.0), self.inner().clone(), backlog)
             })?;
+            // Other processes on the same address: REQs for the port are steered here, unless
+            // one of them listens on it already.
+            let ok = ok && {
+                let steered = c.shared.io.set_listening(port, true).is_ok();
+                if !steered {
+                    let _ = c.with_cma(|core, _, _| core.remove_listener(sid));
+                }
+                steered
+            };
             if !ok {
                 for d in &done {
                     let _ = d.with_cma(|core, _, _| core.remove_listener(sid));
+                    let _ = d.shared.io.set_listening(port, false);
                 }
                 return Err(CmaError::AddrInUse);
             }

@@ -1,0 +1,421 @@
+//! One device address shared by any number of contexts, in any number of processes, as
+//! rdma_rxe's devices are: every context binds UDP `addr:4791` with `SO_REUSEPORT`, and the
+//! kernel hands each datagram to the socket of the context that owns its destination.
+//!
+//! * **Slots.** Each context on an address holds a slot, 1..=255: the top byte of its 24-bit
+//!   QPNs and of its CM communication and SIDR request IDs (peers echo those back in REP, RTU,
+//!   REJ, MRA, DREQ, DREP and SIDR_REP). A slot is held by an OFD lock on byte `slot` of the
+//!   address's registry file, so a process that dies gives its slots back with no clean-up.
+//! * **Steering.** A classic-BPF program attached to the reuseport group (unprivileged,
+//!   `SO_ATTACH_REUSEPORT_CBPF`) reads the UDP payload: the BTH's destination QPN selects the
+//!   slot; for QP1 (connection management, shared by all) the MAD selects it: REQ and SIDR_REQ
+//!   by the rdma_cm port in their Service ID (the listener's), SIDR_REP by its request ID, the
+//!   others by the remote communication ID. It returns the group index of the slot's socket;
+//!   anything it cannot place (a port nobody listens on) goes to a socket chosen by hash, whose
+//!   CM answers as the only listener-less CM would.
+//! * **Indexes.** The kernel keeps a group's sockets in an array: a new one is appended, and
+//!   when one closes the last one moves into its place (`reuseport_detach_sock`). The registry
+//!   mirrors that array. Joining and leaving happen under an exclusive `flock` of the registry,
+//!   and a leaving context closes its socket before it lets go of the lock, so the mirror stays
+//!   exact; a context found dead (its slot lock free) is removed the way the kernel removed it.
+//!   Its socket closed before its slot lock was released: the registry fd is kept numbered
+//!   above the socket's, and a process's files close in fd order.
+//! * **Limits.** `SO_REUSEPORT` groups only sockets of one user: another user's process, a
+//!   kernel rdma_rxe (which holds UDP 4791 on every address once loaded) or a non-sharing
+//!   program makes the bind fail with `EADDRINUSE`, reported as such.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Slots per address: the top byte of a QPN (0 is QP0/QP1's).
+pub(crate) const MAX_SLOTS: usize = 255;
+
+/// Where the registries live: one file per address, private to the user.
+fn registry_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    std::env::temp_dir().join(format!("softrdma-{uid}"))
+}
+
+/// One context on the address, as the registry records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub slot: u8,
+    /// Its socket's index in the kernel's reuseport array.
+    pub index: u32,
+    /// rdma_cm ports it listens on (REQ and SIDR_REQ go there).
+    pub ports: Vec<u16>,
+}
+
+/// The registry's contents: the members in the kernel's array order is `index`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub members: Vec<Member>,
+}
+
+impl Layout {
+    fn parse(text: &str) -> Layout {
+        let mut members = Vec::new();
+        for line in text.lines() {
+            let mut f = line.split_whitespace();
+            if f.next() != Some("m") {
+                continue;
+            }
+            let (Some(slot), Some(index)) = (
+                f.next().and_then(|s| s.parse::<u8>().ok()),
+                f.next().and_then(|s| s.parse::<u32>().ok()),
+            ) else {
+                continue;
+            };
+            let ports = f.filter_map(|p| p.parse().ok()).collect();
+            if slot != 0 {
+                members.push(Member { slot, index, ports });
+            }
+        }
+        Layout { members }
+    }
+
+    fn render(&self) -> String {
+        let mut s = String::from(
+            "# softrdma: contexts sharing this address (slot, reuseport index, ports)\n",
+        );
+        for m in &self.members {
+            s.push_str(&format!("m {} {}", m.slot, m.index));
+            for p in &m.ports {
+                s.push_str(&format!(" {p}"));
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// The kernel's `reuseport_detach_sock`: the last socket moves into the leaver's index.
+    fn detach(&mut self, slot: u8) {
+        let Some(pos) = self.members.iter().position(|m| m.slot == slot) else {
+            return;
+        };
+        let gone = self.members.remove(pos).index;
+        let last = self.members.len() as u32;
+        if let Some(m) = self.members.iter_mut().find(|m| m.index == last) {
+            m.index = gone;
+        }
+    }
+
+    /// The owner of rdma_cm `port`, if a member listens on it.
+    pub fn port_owner(&self, port: u16) -> Option<u8> {
+        self.members
+            .iter()
+            .find(|m| m.ports.contains(&port))
+            .map(|m| m.slot)
+    }
+}
+
+/// This context's place in the address's group.
+pub(crate) struct Share {
+    pub slot: u8,
+    /// The registry, open for this context alone: the OFD lock on byte `slot` says it is alive.
+    reg: File,
+}
+
+/// Byte-range lock request on `slot`'s byte.
+fn slot_lock(kind: libc::c_short, slot: u8) -> libc::flock {
+    // SAFETY: flock is a plain C struct; all-zero is a valid value.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = slot as libc::off_t;
+    l.l_len = 1;
+    l
+}
+
+fn fcntl_lock(fd: RawFd, cmd: libc::c_int, l: &mut libc::flock) -> io::Result<()> {
+    // SAFETY: `l` is a live flock structure the kernel reads (and, for GETLK, writes).
+    if unsafe { libc::fcntl(fd, cmd, l as *mut libc::flock) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether some open file description holds `slot`'s lock (its context is alive).
+fn slot_alive(fd: RawFd, slot: u8) -> bool {
+    let mut l = slot_lock(libc::F_WRLCK as libc::c_short, slot);
+    match fcntl_lock(fd, libc::F_OFD_GETLK, &mut l) {
+        Ok(()) => l.l_type != libc::F_UNLCK as libc::c_short,
+        // Cannot tell: keep it.
+        Err(_) => true,
+    }
+}
+
+/// An exclusive `flock` of the registry, released on drop. Waits at most `LOCK_WAIT` (a
+/// process stopped while holding it must not hang everyone else forever).
+struct Locked<'a>(&'a File);
+
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+impl<'a> Locked<'a> {
+    fn new(f: &'a File) -> io::Result<Locked<'a>> {
+        let t0 = Instant::now();
+        loop {
+            // SAFETY: flock on our own open file.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(Locked(f));
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != io::ErrorKind::Interrupted
+            {
+                return Err(e);
+            }
+            if t0.elapsed() > LOCK_WAIT {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the softrdma device registry stayed locked",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // SAFETY: flock on our own open file.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+fn read_layout(f: &File) -> io::Result<Layout> {
+    let mut f = f;
+    f.seek(SeekFrom::Start(0))?;
+    let mut s = String::new();
+    f.read_to_string(&mut s)?;
+    Ok(Layout::parse(&s))
+}
+
+fn write_layout(f: &File, l: &Layout) -> io::Result<()> {
+    let mut f = f;
+    f.set_len(0)?;
+    f.seek(SeekFrom::Start(0))?;
+    f.write_all(l.render().as_bytes())
+}
+
+/// Remove members whose slot lock is free (their process died), as the kernel removed their
+/// sockets. Returns whether anything changed.
+fn prune(fd: RawFd, l: &mut Layout, me: Option<u8>) -> bool {
+    let dead: Vec<u8> = l
+        .members
+        .iter()
+        .filter(|m| Some(m.slot) != me && !slot_alive(fd, m.slot))
+        .map(|m| m.slot)
+        .collect();
+    // Exact for one. For several found at once the kernel's order of closing is unknown:
+    // highest index first is a guess that can leave two members' indexes swapped until the
+    // next join or leave rewrites the steering (docs/sharing.md).
+    let mut dead_by_index: Vec<(u32, u8)> = dead
+        .iter()
+        .filter_map(|s| {
+            l.members
+                .iter()
+                .find(|m| m.slot == *s)
+                .map(|m| (m.index, *s))
+        })
+        .collect();
+    dead_by_index.sort_unstable_by(|a, b| b.cmp(a));
+    for (_, s) in &dead_by_index {
+        l.detach(*s);
+    }
+    !dead.is_empty()
+}
+
+impl Share {
+    /// Join the group of `addr` with `sock` (not yet bound; `SO_REUSEPORT` set): claim a
+    /// slot, bind, record the socket's index and steer its slot to it. `bind` binds `sock`.
+    pub fn join(
+        addr: Ipv4Addr,
+        sock_fd: RawFd,
+        bind: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<Share> {
+        let dir = registry_dir();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+        let path = dir.join(addr.to_string());
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)?;
+        // Renumber above the socket, so at exit the socket closes before the slot lock frees.
+        // SAFETY: F_DUPFD_CLOEXEC on our own fd returns a new fd we then own.
+        let fd = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, sock_fd + 1) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        drop(f);
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        let reg = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let guard = Locked::new(&reg)?;
+        let mut layout = read_layout(&reg)?;
+        prune(reg.as_raw_fd(), &mut layout, None);
+        let slot = (1..=MAX_SLOTS as u8)
+            .filter(|s| !layout.members.iter().any(|m| m.slot == *s))
+            .find(|s| {
+                let mut l = slot_lock(libc::F_WRLCK as libc::c_short, *s);
+                fcntl_lock(reg.as_raw_fd(), libc::F_OFD_SETLK, &mut l).is_ok()
+            })
+            .ok_or_else(|| io::Error::from(io::ErrorKind::AddrInUse))?;
+        bind()?;
+        layout.members.push(Member {
+            slot,
+            index: layout.members.len() as u32,
+            ports: Vec::new(),
+        });
+        write_layout(&reg, &layout)?;
+        attach(sock_fd, &layout)?;
+        drop(guard);
+        Ok(Share { slot, reg })
+    }
+
+    /// Leave the group: record the kernel's move, steer for the group without us, then run
+    /// `close` (which closes the socket) while still holding the registry lock.
+    pub fn leave(&self, sock_fd: RawFd, close: impl FnOnce()) {
+        let guard = Locked::new(&self.reg);
+        if guard.is_ok() {
+            if let Ok(mut layout) = read_layout(&self.reg) {
+                prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
+                layout.detach(self.slot);
+                let _ = write_layout(&self.reg, &layout);
+                let _ = attach(sock_fd, &layout);
+            }
+        }
+        close();
+        drop(guard);
+    }
+
+    /// Remove dead members, if any, and steer again (called now and then by the progress
+    /// thread). Cheap when nothing changed: one read and one lock query per member.
+    pub fn check(&self, sock_fd: RawFd) {
+        let Ok(layout) = read_layout(&self.reg) else {
+            return;
+        };
+        let fd = self.reg.as_raw_fd();
+        if layout
+            .members
+            .iter()
+            .all(|m| m.slot == self.slot || slot_alive(fd, m.slot))
+        {
+            return;
+        }
+        let _ = self.update(sock_fd, |_| {});
+    }
+
+    /// Change this member's rdma_cm ports under the lock and steer again. Fails with
+    /// `AddrInUse` if another member (another process) listens on `add`.
+    pub fn set_port(&self, sock_fd: RawFd, port: u16, listening: bool) -> io::Result<()> {
+        let mut taken = false;
+        self.update(sock_fd, |l| {
+            if listening && l.port_owner(port).is_some_and(|s| s != self.slot) {
+                taken = true;
+                return;
+            }
+            if let Some(m) = l.members.iter_mut().find(|m| m.slot == self.slot) {
+                m.ports.retain(|p| *p != port);
+                if listening {
+                    m.ports.push(port);
+                }
+            }
+        })?;
+        if taken {
+            return Err(io::Error::from(io::ErrorKind::AddrInUse));
+        }
+        Ok(())
+    }
+
+    fn update(&self, sock_fd: RawFd, f: impl FnOnce(&mut Layout)) -> io::Result<()> {
+        let _guard = Locked::new(&self.reg)?;
+        let mut layout = read_layout(&self.reg)?;
+        prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
+        f(&mut layout);
+        write_layout(&self.reg, &layout)?;
+        attach(sock_fd, &layout)
+    }
+}
+
+/// Attach the steering program for `layout` to the group of `sock_fd`.
+fn attach(sock_fd: RawFd, layout: &Layout) -> io::Result<()> {
+    let prog = super::steer::program(layout);
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `prog`, alive for the call; the kernel copies the program.
+    let r = unsafe {
+        libc::setsockopt(
+            sock_fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            &fprog as *const libc::sock_fprog as *const libc::c_void,
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(slot: u8, index: u32) -> Member {
+        Member {
+            slot,
+            index,
+            ports: vec![],
+        }
+    }
+
+    #[test]
+    fn detach_moves_the_last_into_the_hole() {
+        let mut l = Layout {
+            members: vec![m(1, 0), m(2, 1), m(3, 2), m(4, 3)],
+        };
+        l.detach(2);
+        assert_eq!(l.members, vec![m(1, 0), m(3, 2), m(4, 1)]);
+        l.detach(4);
+        assert_eq!(l.members, vec![m(1, 0), m(3, 1)]);
+        l.detach(3);
+        l.detach(1);
+        assert!(l.members.is_empty());
+    }
+
+    #[test]
+    fn layout_round_trips_through_text() {
+        let l = Layout {
+            members: vec![
+                Member {
+                    slot: 7,
+                    index: 0,
+                    ports: vec![7174, 18515],
+                },
+                m(200, 1),
+            ],
+        };
+        assert_eq!(Layout::parse(&l.render()), l);
+        assert_eq!(l.port_owner(18515), Some(7));
+        assert_eq!(l.port_owner(1), None);
+        // Garbage lines are skipped.
+        assert_eq!(Layout::parse("m x y\nm 0 1\nzz\n").members, vec![]);
+    }
+}
