@@ -29,6 +29,20 @@
 //!   [`CmManager::disconnect`], which sends the DREP (as `rdma_disconnect` does). Both sides then
 //!   stay in TIMEWAIT for the path's ACK timeout and report [`CmEvent::TimewaitExit`].
 //! * SIDR (UD service resolution, rdma_cm's UDP port space) is in [`super::sidr_manager`].
+//!
+//! Limits on what a peer can make this CM hold or send (any local process can forge CM MADs):
+//! * Timers taken from a REQ are clamped: the REP's retransmission timeout to
+//!   [`PEER_CM_RESPONSE_TIMEOUT_MAX`], its retries so that all sends fit in [`PEER_HOLD_MAX`],
+//!   and the timewait to [`PEER_ACK_TIMEOUT_MAX`]. A passive connection whose REP is never
+//!   answered is gone [`PEER_HOLD_MAX`] after the accept, MRAs included.
+//! * An MRA's service timeout is clamped to [`MRA_SERVICE_TIMEOUT_MAX`], and only the first MRA
+//!   of a message extends its timeout (as Linux, which leaves MRA_*_RCVD on further MRAs).
+//! * Answers sent without holding state (REJ to an unknown Service ID, SIDR_REP unsupported or
+//!   over backlog, DREP to an unknown DREQ) and resends triggered by duplicates go through a
+//!   rate limit per destination and per endpoint ([`super::ratelimit`]); what it suppresses is
+//!   counted in [`CmStats`].
+//! * Unanswered SIDR requests are bounded by the listener's backlog and expire; see
+//!   [`super::sidr_manager`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -36,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use super::mad::{self, attr, linux_tid, MadHdr, MAD_LEN};
 use super::private_data::{CmaHdr, CMA_HDR_LEN};
+use super::ratelimit::RefusalLimiter;
 use super::rej::rejected;
 use super::service_id::{self, PortSpace};
 use super::sidr_manager::{SidrRequestInfo, SidrStatus, SidrTable};
@@ -293,6 +308,9 @@ pub enum CmEvent {
     },
     /// Our SIDR_REQ was never answered (rdma_cm: UNREACHABLE).
     SidrTimeout { id: CmId },
+    /// A [`CmEvent::SidrRequest`] was not answered within
+    /// [`super::sidr_manager::SIDR_REQUEST_LIFETIME`] and is forgotten; answering it now fails.
+    SidrRequestExpired { id: CmId },
 }
 
 /// A snapshot of one connection.
@@ -338,6 +356,9 @@ struct Conn {
     timewait_until: Option<Instant>,
     /// The last answer sent (RTU, MRA, DREP), resent on duplicates.
     last_reply: Option<[u8; MAD_LEN]>,
+    /// Passive side: when an unanswered REP is given up whatever its retries and MRAs say
+    /// ([`PEER_HOLD_MAX`] after the accept).
+    give_up_at: Option<Instant>,
 }
 
 /// `cm_convert_to_ms`: 4.096 µs × 2^t, approximated as 2^(t-8) ms.
@@ -348,19 +369,83 @@ pub fn iba_time(t: u8) -> Duration {
 /// rdma_cm's delayed MRA service timeout (`CMA_CM_MRA_SETTING` without the delay flag).
 const MRA_SERVICE_TIMEOUT: u8 = 24;
 
+/// The largest REP retransmission timeout a REQ's "local CM response timeout" can ask for, as
+/// an IBA time exponent: 20, about 4.2 s. rdma_cm sends 20 (`CMA_CM_RESPONSE_TIMEOUT`); Linux
+/// `ib_cm` takes the field as is (`cm_convert_to_ms`), so the maximum 31 would make each REP
+/// wait 2.3 hours. A real active side answers a REP with an RTU at once (`cma_rep_recv`), so
+/// waiting longer only helps a forged REQ hold a connection.
+pub const PEER_CM_RESPONSE_TIMEOUT_MAX: u8 = 20;
+
+/// The longest a REQ this side did not start can keep a connection's REP going: from the
+/// accept until the REP is given up (UNREACHABLE), all retransmissions and MRA extensions
+/// included. The REP's retries (the REQ's "max CM retries", up to 15) are cut so that
+/// `(retries + 1) × timeout` fits, and a hard deadline ends the handshake at this bound. With
+/// rdma_cm's defaults (timeout 20, 15 retries) Linux sends the REP 16 times over 66 s; here
+/// 7 times over 29 s.
+pub const PEER_HOLD_MAX: Duration = Duration::from_secs(30);
+
+/// The largest MRA service timeout honoured, as an IBA time exponent: 24 (about 67 s), the
+/// value rdma_cm itself sends (`CMA_CM_MRA_SETTING`), so a Linux peer is never cut short.
+/// The field allows 31 (2.3 hours). On the passive side [`PEER_HOLD_MAX`] still applies.
+pub const MRA_SERVICE_TIMEOUT_MAX: u8 = 24;
+
+/// The largest ACK timeout a REQ's primary path can set for the passive side's timewait, as an
+/// IBA time exponent: 21, about 8.4 s. rdma_cm over RoCE sends 19 (packet lifetime 18 + 1,
+/// 2.1 s); Linux's `cm_ack_timeout` only caps it at 31 (2.3 hours of timewait).
+pub const PEER_ACK_TIMEOUT_MAX: u8 = 21;
+
+/// The backlog of [`CmManager::listen`] (as Linux's `net.rdma_ucm.max_backlog` default): how
+/// many SIDR requests of one listener may wait for an answer at a time.
+pub const DEFAULT_LISTEN_BACKLOG: usize = 1024;
+
+/// The REP retransmission timeout and retry count a REQ's fields give, clamped
+/// ([`PEER_CM_RESPONSE_TIMEOUT_MAX`], [`PEER_HOLD_MAX`]).
+pub fn peer_rep_timers(local_cm_response_timeout: u8, max_cm_retries: u8) -> (Duration, u8) {
+    let timeout = iba_time(local_cm_response_timeout.min(PEER_CM_RESPONSE_TIMEOUT_MAX));
+    let sends = (PEER_HOLD_MAX.as_millis() / timeout.as_millis().max(1)).max(1);
+    let retries = (max_cm_retries.min(15) as u128).min(sends - 1) as u8;
+    (timeout, retries)
+}
+
+/// Counters of what the hostile-traffic limits did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmStats {
+    /// REJs not sent because of the rate limit ([`super::ratelimit`]).
+    pub rej_suppressed: u64,
+    /// Other rate-limited answers not sent: SIDR_REP (unsupported, over backlog, lingering
+    /// reply), DREP, and MRA/REP/RTU resent for a duplicate.
+    pub answers_suppressed: u64,
+    /// SIDR_REQs refused because the listener's backlog of unanswered requests was full.
+    pub sidr_over_backlog: u64,
+    /// Unanswered SIDR requests forgotten after
+    /// [`super::sidr_manager::SIDR_REQUEST_LIFETIME`].
+    pub sidr_expired: u64,
+    /// Lingering SIDR_REPs forgotten early because the linger list was full.
+    pub sidr_linger_evicted: u64,
+    /// Duplicate SIDR_REQs (same peer and request ID) seen.
+    pub sidr_duplicates: u64,
+    /// Passive connections given up because their REP was not answered within
+    /// [`PEER_HOLD_MAX`].
+    pub rep_given_up: u64,
+}
+
 /// The IB CM endpoint of one port.
 pub struct CmManager {
     pub(super) cfg: CmConfig,
     rng: u64,
-    pub(super) listeners: HashMap<u64, ()>,
+    /// Listened Service IDs and their backlog.
+    pub(super) listeners: HashMap<u64, usize>,
     conns: HashMap<u32, Conn>,
     pub(super) tx: VecDeque<(MadAddr, [u8; MAD_LEN])>,
     pub(super) events: VecDeque<CmEvent>,
     pub(super) sidr: SidrTable,
+    pub(super) limiter: RefusalLimiter,
     /// MADs dropped because they did not parse or matched nothing.
     pub dropped: u64,
     /// The top byte of every local ID, if set ([`CmManager::set_id_prefix`]).
     id_prefix: Option<u8>,
+    /// What the hostile-traffic limits did.
+    pub stats: CmStats,
 }
 
 fn pd<const N: usize>(data: &[u8]) -> Result<PrivateData<N>, CmError> {
@@ -386,8 +471,10 @@ impl CmManager {
             tx: VecDeque::new(),
             events: VecDeque::new(),
             sidr: SidrTable::default(),
+            limiter: RefusalLimiter::new(),
             dropped: 0,
             id_prefix: None,
+            stats: CmStats::default(),
         }
     }
 
@@ -422,11 +509,19 @@ impl CmManager {
         }
     }
 
-    /// Accept REQs for `service_id` (rdma_cm: `PortSpace::service_id(port)`).
+    /// Accept REQs for `service_id` (rdma_cm: `PortSpace::service_id(port)`), with
+    /// [`DEFAULT_LISTEN_BACKLOG`].
     pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
-        if self.listeners.insert(service_id, ()).is_some() {
+        self.listen_with_backlog(service_id, DEFAULT_LISTEN_BACKLOG)
+    }
+
+    /// Accept REQs and SIDR_REQs for `service_id`; at most `backlog` (at least 1) SIDR
+    /// requests wait for [`CmManager::sidr_reply`] at a time, more get SIDR_REP "reject".
+    pub fn listen_with_backlog(&mut self, service_id: u64, backlog: usize) -> Result<(), CmError> {
+        if self.listeners.contains_key(&service_id) {
             return Err(CmError::AlreadyListening(service_id));
         }
+        self.listeners.insert(service_id, backlog.max(1));
         Ok(())
     }
 
@@ -448,6 +543,12 @@ impl CmManager {
         })
     }
 
+    /// Destinations the REJ/answer rate limit tracks a bucket for (bounded by
+    /// [`super::ratelimit::REFUSAL_DESTS_MAX`]).
+    pub fn rate_limited_dests(&self) -> usize {
+        self.limiter.tracked()
+    }
+
     /// Number of connections held (any state, timewait included).
     pub fn len(&self) -> usize {
         self.conns.len()
@@ -459,6 +560,22 @@ impl CmManager {
 
     fn send(&mut self, dest: MadAddr, mad: [u8; MAD_LEN]) {
         self.tx.push_back((dest, mad));
+    }
+
+    /// Send an answer that holds no state or repeats one (see [`super::ratelimit`]); false and
+    /// counted if the rate limit suppressed it.
+    pub(super) fn send_limited(&mut self, now: Instant, dest: MadAddr, mad: [u8; MAD_LEN]) -> bool {
+        if self.limiter.allow(now, &dest.gid) {
+            self.tx.push_back((dest, mad));
+            true
+        } else {
+            if mad[16..18] == attr::REJ.to_be_bytes() {
+                self.stats.rej_suppressed += 1;
+            } else {
+                self.stats.answers_suppressed += 1;
+            }
+            false
+        }
     }
 
     fn send_with_retry(
@@ -567,6 +684,7 @@ impl CmManager {
                 retry: None,
                 timewait_until: None,
                 last_reply: None,
+                give_up_at: None,
             },
         );
         let bytes = emit(|b| m.emit(b));
@@ -605,6 +723,7 @@ impl CmManager {
         };
         c.state = ConnState::RepSent;
         c.local_qpn = p.local_qpn;
+        c.give_up_at = Some(now + PEER_HOLD_MAX);
         let (peer, timeout, retries) = (c.peer, c.timeout, c.max_retries);
         let bytes = emit(|b| m.emit(b));
         self.send_with_retry(now, id.0, peer, bytes, timeout, retries);
@@ -615,6 +734,22 @@ impl CmManager {
     /// REJ with reason 28 (consumer defined) and up to 148 bytes of private data. The connection
     /// is forgotten.
     pub fn reject(&mut self, id: CmId, private_data: &[u8]) -> Result<(), CmError> {
+        self.reject_inner(None, id, private_data)
+    }
+
+    /// [`CmManager::reject`] for a request refused without the consumer (over backlog, no
+    /// listener any more): the REJ goes through the rate limit ([`super::ratelimit`]), so a
+    /// REQ flood does not make us a reflector. The connection is forgotten either way.
+    pub fn refuse(&mut self, now: Instant, id: CmId) -> Result<(), CmError> {
+        self.reject_inner(Some(now), id, &[])
+    }
+
+    fn reject_inner(
+        &mut self,
+        limited: Option<Instant>,
+        id: CmId,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
         let data = pd::<{ rej::PRIVATE_DATA_LEN }>(private_data)?;
         let c = self.conns.get(&id.0).ok_or(CmError::UnknownId)?;
         let which = match c.state {
@@ -634,7 +769,13 @@ impl CmManager {
         };
         let peer = c.peer;
         self.conns.remove(&id.0);
-        self.send(peer, emit(|b| m.emit(b)));
+        let bytes = emit(|b| m.emit(b));
+        match limited {
+            Some(now) => {
+                self.send_limited(now, peer, bytes);
+            }
+            None => self.send(peer, bytes),
+        }
         Ok(())
     }
 
@@ -728,7 +869,13 @@ impl CmManager {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.conns
             .values()
-            .flat_map(|c| [c.retry.as_ref().map(|r| r.deadline), c.timewait_until])
+            .flat_map(|c| {
+                [
+                    c.retry.as_ref().map(|r| r.deadline),
+                    c.timewait_until,
+                    c.give_up_at.filter(|_| c.retry.is_some()),
+                ]
+            })
             .flatten()
             .chain(self.sidr.poll_timeout())
             .min()
@@ -749,7 +896,15 @@ impl CmManager {
                     .push_back(CmEvent::TimewaitExit { id: CmId(id) });
                 continue;
             }
+            let over = c.give_up_at.is_some_and(|t| t <= now)
+                && matches!(c.state, ConnState::RepSent | ConnState::MraRepRcvd);
             let Some(r) = c.retry.as_mut() else { continue };
+            if over {
+                self.stats.rep_given_up += 1;
+                self.conns.remove(&id);
+                self.events.push_back(CmEvent::Unreachable { id: CmId(id) });
+                continue;
+            }
             if r.deadline > now {
                 continue;
             }
@@ -822,7 +977,7 @@ impl CmManager {
             CmMad::Mra(r) => self.on_mra(now, &r),
             CmMad::Dreq(r) => self.on_dreq(now, src, &r),
             CmMad::Drep(r) => self.on_drep(now, &r),
-            CmMad::SidrReq(r) => self.on_sidr_req(src, &r),
+            CmMad::SidrReq(r) => self.on_sidr_req(now, src, &r),
             CmMad::SidrRep(r) => self.on_sidr_rep(&r),
             _ => false,
         };
@@ -831,8 +986,10 @@ impl CmManager {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn issue_rej(
         &mut self,
+        now: Instant,
         to: MadAddr,
         tid: u64,
         remote_comm_id: u32,
@@ -848,7 +1005,7 @@ impl CmManager {
             reason,
             ..Default::default()
         };
-        self.send(to, emit(|b| m.emit(b)));
+        self.send_limited(now, to, emit(|b| m.emit(b)));
     }
 
     fn on_req(&mut self, now: Instant, src: MadAddr, r: &ConnectRequest, raw: &[u8]) -> bool {
@@ -879,17 +1036,17 @@ impl CmManager {
                     let bytes = emit(|b| m.emit(b));
                     c.last_reply = Some(bytes);
                     let peer = c.peer;
-                    self.send(peer, bytes);
+                    self.send_limited(now, peer, bytes);
                 }
                 ConnState::RepSent | ConnState::MraRepRcvd => {
                     if let Some(r) = c.retry.as_ref() {
                         let (d, m) = (r.dest, r.mad);
-                        self.send(d, m);
+                        self.send_limited(now, d, m);
                     }
                 }
                 ConnState::TimeWait => {
                     let (peer, tid, rc) = (c.peer, c.tid, c.remote_comm_id);
-                    self.issue_rej(peer, tid, rc, id, RejReason::StaleConn, rejected::REQ);
+                    self.issue_rej(now, peer, tid, rc, id, RejReason::StaleConn, rejected::REQ);
                 }
                 _ => {}
             }
@@ -897,6 +1054,7 @@ impl CmManager {
         }
         if r.transport_service_type != req::transport::RC {
             self.issue_rej(
+                now,
                 src,
                 r.hdr.tid,
                 r.local_comm_id,
@@ -910,6 +1068,7 @@ impl CmManager {
             // As `cm_issue_rej` does: the REJ's comm IDs are the REQ's first two words swapped.
             let word1 = u32::from_be_bytes([raw[28], raw[29], raw[30], raw[31]]);
             self.issue_rej(
+                now,
                 src,
                 r.hdr.tid,
                 r.local_comm_id,
@@ -925,6 +1084,7 @@ impl CmManager {
                 if !h.is_valid() {
                     // rdma_cm refuses the request: REJ consumer defined, no data.
                     self.issue_rej(
+                        now,
                         src,
                         r.hdr.tid,
                         r.local_comm_id,
@@ -939,7 +1099,8 @@ impl CmManager {
             _ => (None, r.private_data.0.to_vec()),
         };
         let id = self.new_comm_id();
-        let ack = r.primary_path.local_ack_timeout;
+        let ack = r.primary_path.local_ack_timeout.min(PEER_ACK_TIMEOUT_MAX);
+        let (timeout, max_retries) = peer_rep_timers(r.local_cm_response_timeout, r.max_cm_retries);
         self.conns.insert(
             id,
             Conn {
@@ -952,12 +1113,13 @@ impl CmManager {
                 remote_qpn: r.local_qpn,
                 tid: r.hdr.tid,
                 dreq_tid: 0,
-                timeout: iba_time(r.local_cm_response_timeout),
-                max_retries: r.max_cm_retries,
+                timeout,
+                max_retries,
                 timewait: iba_time(ack),
                 retry: None,
                 timewait_until: None,
                 last_reply: None,
+                give_up_at: None,
             },
         );
         let _ = now;
@@ -997,7 +1159,7 @@ impl CmManager {
                 // Our RTU was lost: send it again.
                 if let Some(b) = c.last_reply {
                     let peer = c.peer;
-                    self.send(peer, b);
+                    self.send_limited(now, peer, b);
                 }
                 return true;
             }
@@ -1126,22 +1288,26 @@ impl CmManager {
             return false;
         };
         let ok = match (m.message_mraed, c.state) {
-            (mra::mraed::REQ, ConnState::ReqSent | ConnState::MraReqRcvd) => {
+            (mra::mraed::REQ, ConnState::ReqSent) => {
                 c.state = ConnState::MraReqRcvd;
                 true
             }
-            (mra::mraed::REP, ConnState::RepSent | ConnState::MraRepRcvd)
-                if c.remote_comm_id == m.local_comm_id =>
-            {
+            (mra::mraed::REP, ConnState::RepSent) if c.remote_comm_id == m.local_comm_id => {
                 c.state = ConnState::MraRepRcvd;
                 true
+            }
+            // As Linux: only the first MRA extends the wait (a stream of MRAs cannot hold
+            // the connection forever).
+            (mra::mraed::REQ, ConnState::MraReqRcvd) => return true,
+            (mra::mraed::REP, ConnState::MraRepRcvd) if c.remote_comm_id == m.local_comm_id => {
+                return true
             }
             _ => false,
         };
         if !ok {
             return false;
         }
-        let extra = iba_time(m.service_timeout) + c.timewait;
+        let extra = iba_time(m.service_timeout.min(MRA_SERVICE_TIMEOUT_MAX)) + c.timewait;
         if let Some(r) = c.retry.as_mut() {
             r.timeout = extra;
             r.deadline = now + extra;
@@ -1162,7 +1328,7 @@ impl CmManager {
                 remote_comm_id: d.local_comm_id,
                 ..Default::default()
             };
-            self.send(src, emit(|b| m.emit(b)));
+            self.send_limited(now, src, emit(|b| m.emit(b)));
             return true;
         }
         let id = d.remote_comm_id;
@@ -1187,7 +1353,7 @@ impl CmManager {
                 // Our DREP was lost: send it again.
                 if let Some(b) = c.last_reply.filter(|b| b[17] == attr::DREP as u8) {
                     let peer = c.peer;
-                    self.send(peer, b);
+                    self.send_limited(now, peer, b);
                 } else {
                     let m = DisconnectReply {
                         hdr: MadHdr::cm(attr::DREP, d.hdr.tid),
@@ -1196,12 +1362,11 @@ impl CmManager {
                         ..Default::default()
                     };
                     let peer = c.peer;
-                    self.send(peer, emit(|b| m.emit(b)));
+                    self.send_limited(now, peer, emit(|b| m.emit(b)));
                 }
             }
             _ => {}
         }
-        let _ = now;
         true
     }
 

@@ -20,6 +20,7 @@ pub mod mad;
 pub mod manager;
 pub mod mra;
 pub mod private_data;
+pub mod ratelimit;
 pub mod rej;
 pub mod rep;
 pub mod req;

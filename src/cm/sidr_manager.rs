@@ -11,8 +11,24 @@
 //!   [`status::UNSUPPORTED`] at once. A duplicate (same peer, request ID) while the consumer has
 //!   not answered is ignored; after the answer, the same SIDR_REP is sent again for
 //!   [`SIDR_REPLY_LINGER`].
+//!
+//! Limits on the passive side (forged SIDR_REQs cost nothing to send):
+//! * At most the listener's backlog ([`CmManager::listen_with_backlog`]) of requests wait for
+//!   the consumer at a time. Another one is answered with SIDR_REP status
+//!   [`status::REJECT`] and not reported, as Linux does: the ucma event handler fails with
+//!   `-ENOMEM` when the listener's backlog is used up, and `cm_sidr_req_handler` then destroys
+//!   the new id, whose `cm_destroy_id` answers a request in `IB_CM_SIDR_REQ_RCVD` with
+//!   `IB_SIDR_REJECT` (for a REQ the same `-ENOMEM` drops it silently instead). That answer,
+//!   like every stateless one, goes through the rate limit of [`super::ratelimit`].
+//! * A request the consumer does not answer within [`SIDR_REQUEST_LIFETIME`] is forgotten
+//!   ([`CmEvent::SidrRequestExpired`]); a later [`CmManager::sidr_reply`] on it fails with
+//!   [`CmError::UnknownId`].
+//! * Sent replies linger for duplicates at most [`SIDR_LINGER_MAX`] at a time (the oldest goes
+//!   first).
+//! * Duplicates are found by a hash map keyed by (peer, request ID); expiry walks queues in
+//!   deadline order, so nothing scans the whole table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::mad::{attr, linux_tid, MadHdr, MAD_LEN};
@@ -28,6 +44,16 @@ pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// How long a passive side keeps a sent SIDR_REP to answer duplicates (a timewait-like delay:
 /// rdma_cm's CM response timeout 20, about 4 s).
 pub const SIDR_REPLY_LINGER: Duration = Duration::from_millis(4096);
+
+/// How long a SIDR request may wait for the consumer's answer before it is forgotten: 16 s,
+/// four of rdma_cm's SIDR_REQ retransmission intervals (`iba_time(20)`), a quarter of its whole
+/// retry budget (16 sends over 66 s). Long enough for a busy consumer; short enough that a
+/// flood that filled the backlog stops denying service 16 s after it ends. Linux keeps an
+/// unanswered request until the consumer destroys its id.
+pub const SIDR_REQUEST_LIFETIME: Duration = Duration::from_secs(16);
+
+/// The most sent SIDR_REPs kept for duplicates at a time; a new one pushes out the oldest.
+pub const SIDR_LINGER_MAX: usize = 1024;
 
 /// SIDR_REP status (IBA Table 121).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -127,8 +153,10 @@ struct PassiveSidr {
     request_id: u32,
     tid: u64,
     service_id: u64,
-    /// The SIDR_REP sent, and when it is forgotten.
-    reply: Option<([u8; MAD_LEN], Instant)>,
+    /// When an unanswered request is forgotten, or a sent reply stops lingering.
+    until: Instant,
+    /// The SIDR_REP sent.
+    reply: Option<[u8; MAD_LEN]>,
 }
 
 /// SIDR state a [`CmManager`] owns.
@@ -136,6 +164,16 @@ struct PassiveSidr {
 pub(super) struct SidrTable {
     active: HashMap<u32, ActiveSidr>,
     passive: HashMap<u32, PassiveSidr>,
+    /// (peer, request ID) → local id, for duplicates.
+    by_peer: HashMap<(MadAddr, u32), u32>,
+    /// Unanswered requests per Service ID (checked against the listener's backlog).
+    pending_by_sid: HashMap<u64, usize>,
+    /// Unanswered requests, oldest first: (until, id). Entries answered since are skipped.
+    pending_q: VecDeque<(Instant, u32)>,
+    /// Lingering replies, oldest first: (until, id).
+    linger_q: VecDeque<(Instant, u32)>,
+    /// Lingering replies (≤ [`SIDR_LINGER_MAX`]).
+    lingering: usize,
 }
 
 impl SidrTable {
@@ -145,15 +183,59 @@ impl SidrTable {
 
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
         let a = self.active.values().map(|a| a.deadline);
-        let p = self
-            .passive
-            .values()
-            .filter_map(|p| p.reply.as_ref().map(|r| r.1));
-        a.chain(p).min()
+        // The queue fronts may name entries gone since: an early wake-up, never a late one.
+        let p = self.pending_q.front().map(|e| e.0);
+        let l = self.linger_q.front().map(|e| e.0);
+        a.chain(p).chain(l).min()
+    }
+
+    fn pending_dec(&mut self, sid: u64) {
+        if let Some(n) = self.pending_by_sid.get_mut(&sid) {
+            *n -= 1;
+            if *n == 0 {
+                self.pending_by_sid.remove(&sid);
+            }
+        }
+    }
+
+    /// Forget a passive entry entirely.
+    fn remove_passive(&mut self, id: u32) -> Option<PassiveSidr> {
+        let p = self.passive.remove(&id)?;
+        self.by_peer.remove(&(p.peer, p.request_id));
+        if p.reply.is_none() {
+            self.pending_dec(p.service_id);
+        } else {
+            self.lingering -= 1;
+        }
+        Some(p)
     }
 }
 
 impl CmManager {
+    /// SIDR requests received and not answered yet (all listeners).
+    pub fn sidr_pending_len(&self) -> usize {
+        self.sidr.passive.len() - self.sidr.lingering
+    }
+
+    /// SIDR requests received and not answered yet for `service_id`.
+    pub fn sidr_pending_for(&self, service_id: u64) -> usize {
+        self.sidr
+            .pending_by_sid
+            .get(&service_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Sent SIDR_REPs kept to answer duplicates (≤ [`SIDR_LINGER_MAX`]).
+    pub fn sidr_lingering_len(&self) -> usize {
+        self.sidr.lingering
+    }
+
+    /// Our own SIDR requests waiting for a reply.
+    pub fn sidr_active_len(&self) -> usize {
+        self.sidr.active.len()
+    }
+
     /// Send a SIDR_REQ (rdma_resolve_route + rdma_connect on a UD id). Returns the request's id,
     /// which is also its request ID on the wire.
     pub fn sidr_request(&mut self, now: Instant, p: &SidrParams) -> Result<CmId, CmError> {
@@ -227,7 +309,7 @@ impl CmManager {
         if qpn > 0x00ff_ffff {
             return Err(CmError::BadParam("qpn"));
         }
-        let p = self.sidr.passive.get_mut(&id.0).ok_or(CmError::UnknownId)?;
+        let p = self.sidr.passive.get(&id.0).ok_or(CmError::UnknownId)?;
         if p.reply.is_some() {
             return Err(CmError::BadParam("SIDR request already answered"));
         }
@@ -244,8 +326,29 @@ impl CmManager {
         };
         let mut mad = [0u8; MAD_LEN];
         m.emit(&mut mad);
-        p.reply = Some((mad, now + SIDR_REPLY_LINGER));
-        let peer = p.peer;
+        let (peer, sid) = (p.peer, p.service_id);
+        // Make room in the linger list: the oldest reply goes.
+        while self.sidr.lingering >= SIDR_LINGER_MAX {
+            let Some((t, old)) = self.sidr.linger_q.pop_front() else {
+                break;
+            };
+            if self
+                .sidr
+                .passive
+                .get(&old)
+                .is_some_and(|o| o.reply.is_some() && o.until == t)
+            {
+                self.sidr.remove_passive(old);
+                self.stats.sidr_linger_evicted += 1;
+            }
+        }
+        let until = now + SIDR_REPLY_LINGER;
+        let p = self.sidr.passive.get_mut(&id.0).expect("checked");
+        p.reply = Some(mad);
+        p.until = until;
+        self.sidr.pending_dec(sid);
+        self.sidr.lingering += 1;
+        self.sidr.linger_q.push_back((until, id.0));
         self.tx.push_back((peer, mad));
         Ok(())
     }
@@ -270,35 +373,70 @@ impl CmManager {
                 self.events.push_back(CmEvent::SidrTimeout { id: CmId(id) });
             }
         }
-        self.sidr
-            .passive
-            .retain(|_, p| !p.reply.as_ref().is_some_and(|r| r.1 <= now));
+        // Unanswered requests past their lifetime, oldest first.
+        while let Some(&(t, id)) = self.sidr.pending_q.front() {
+            if t > now {
+                break;
+            }
+            self.sidr.pending_q.pop_front();
+            let live = self
+                .sidr
+                .passive
+                .get(&id)
+                .is_some_and(|p| p.reply.is_none() && p.until == t);
+            if live {
+                self.sidr.remove_passive(id);
+                self.stats.sidr_expired += 1;
+                self.events
+                    .push_back(CmEvent::SidrRequestExpired { id: CmId(id) });
+            }
+        }
+        // Lingering replies past their linger.
+        while let Some(&(t, id)) = self.sidr.linger_q.front() {
+            if t > now {
+                break;
+            }
+            self.sidr.linger_q.pop_front();
+            let live = self
+                .sidr
+                .passive
+                .get(&id)
+                .is_some_and(|p| p.reply.is_some() && p.until == t);
+            if live {
+                self.sidr.remove_passive(id);
+            }
+        }
     }
 
-    pub(super) fn on_sidr_req(&mut self, src: MadAddr, r: &SidrRequest) -> bool {
-        if let Some(p) = self
-            .sidr
-            .passive
-            .values()
-            .find(|p| p.peer == src && p.request_id == r.request_id)
-        {
+    pub(super) fn on_sidr_req(&mut self, now: Instant, src: MadAddr, r: &SidrRequest) -> bool {
+        if let Some(id) = self.sidr.by_peer.get(&(src, r.request_id)) {
             // Duplicate: ignored while the consumer decides, answered again afterwards.
-            if let Some((mad, _)) = p.reply {
-                self.tx.push_back((src, mad));
+            self.stats.sidr_duplicates += 1;
+            if let Some(mad) = self.sidr.passive.get(id).and_then(|p| p.reply) {
+                self.send_limited(now, src, mad);
             }
             return true;
         }
-        if !self.listeners.contains_key(&r.service_id) {
+        let refuse = |st: u8| {
             let m = SidrReply {
                 hdr: MadHdr::cm(attr::SIDR_REP, r.hdr.tid),
                 request_id: r.request_id,
-                status: status::UNSUPPORTED,
+                status: st,
                 service_id: r.service_id,
                 ..Default::default()
             };
             let mut mad = [0u8; MAD_LEN];
             m.emit(&mut mad);
-            self.tx.push_back((src, mad));
+            mad
+        };
+        let Some(&backlog) = self.listeners.get(&r.service_id) else {
+            self.send_limited(now, src, refuse(status::UNSUPPORTED));
+            return true;
+        };
+        if self.sidr_pending_for(r.service_id) >= backlog {
+            // Over the backlog: SIDR_REP "reject", as Linux (see the module docs).
+            self.stats.sidr_over_backlog += 1;
+            self.send_limited(now, src, refuse(status::REJECT));
             return true;
         }
         let (cma, user): (Option<CmaHdr>, Vec<u8>) = match service_id::split(r.service_id) {
@@ -313,6 +451,7 @@ impl CmManager {
             _ => (None, r.private_data.0.to_vec()),
         };
         let id = self.new_comm_id();
+        let until = now + SIDR_REQUEST_LIFETIME;
         self.sidr.passive.insert(
             id,
             PassiveSidr {
@@ -320,9 +459,24 @@ impl CmManager {
                 request_id: r.request_id,
                 tid: r.hdr.tid,
                 service_id: r.service_id,
+                until,
                 reply: None,
             },
         );
+        self.sidr.by_peer.insert((src, r.request_id), id);
+        *self.sidr.pending_by_sid.entry(r.service_id).or_insert(0) += 1;
+        self.sidr.pending_q.push_back((until, id));
+        // Answered requests leave stale queue entries until their time; keep the queue within
+        // a constant factor of the live ones.
+        let live = self.sidr_pending_len();
+        if self.sidr.pending_q.len() > 2 * live + 64 {
+            let passive = &self.sidr.passive;
+            self.sidr.pending_q.retain(|&(t, id)| {
+                passive
+                    .get(&id)
+                    .is_some_and(|p| p.reply.is_none() && p.until == t)
+            });
+        }
         self.events.push_back(CmEvent::SidrRequest(SidrRequestInfo {
             id: CmId(id),
             service_id: r.service_id,

@@ -144,7 +144,9 @@ impl CmaCore {
             self.listeners.remove(&sid);
             self.cm.unlisten(sid);
         }
-        if self.cm.listen(sid).is_err() {
+        // The IB CM applies the backlog to unanswered SIDR requests itself (REQs are counted
+        // in `on_connect_request`).
+        if self.cm.listen_with_backlog(sid, backlog.max(1)).is_err() {
             return false;
         }
         self.listeners.insert(
@@ -215,6 +217,8 @@ impl CmaCore {
     /// destroyed ids left. Returns the QPs whose state changed.
     pub fn process(&mut self, now: Instant, modify: ModifyQp<'_>) {
         let mut touched = Vec::new();
+        // Events taken back from channels; dropped at the end (they may hold the last handle).
+        let mut expired = Vec::new();
         let gen = DESTROY_GEN.load(Ordering::Acquire);
         if gen != self.gen_seen {
             self.gen_seen = gen;
@@ -222,7 +226,7 @@ impl CmaCore {
         }
         while let Some(ev) = self.cm.poll_event() {
             match ev {
-                IbEvent::ConnectRequest(info) => self.on_connect_request(info),
+                IbEvent::ConnectRequest(info) => self.on_connect_request(now, info),
                 IbEvent::Established { id, info } => {
                     self.on_established(now, id, info, modify, &mut touched)
                 }
@@ -297,7 +301,25 @@ impl CmaCore {
                         }
                     }
                 }
-                IbEvent::SidrRequest(info) => self.on_sidr_request(info),
+                IbEvent::SidrRequest(info) => self.on_sidr_request(now, info),
+                IbEvent::SidrRequestExpired { id } => {
+                    // The consumer did not answer in time: the id is no longer a connect
+                    // request (accept/reject on it fail), and a CONNECT_REQUEST not yet
+                    // retrieved is taken back.
+                    let Some(rec) = self.conns.remove(&id.0) else {
+                        continue;
+                    };
+                    {
+                        let mut st = rec.inner.state();
+                        if st.phase == Phase::ConnectRequest {
+                            st.phase = Phase::Idle;
+                        }
+                        st.conn = None;
+                    }
+                    if let Some(ch) = rec.inner.channel.upgrade() {
+                        expired.extend(ch.purge(&rec.inner));
+                    }
+                }
                 IbEvent::SidrReply {
                     id,
                     status,
@@ -334,10 +356,12 @@ impl CmaCore {
                 ),
             }
         }
+        drop(expired);
     }
 
-    /// A SIDR_REQ for a listened UDP port: a new id and CONNECT_REQUEST, as for a REQ.
-    fn on_sidr_request(&mut self, info: SidrRequestInfo) {
+    /// A SIDR_REQ for a listened UDP port: a new id and CONNECT_REQUEST, as for a REQ. The IB
+    /// CM already refused those over the listener's backlog.
+    fn on_sidr_request(&mut self, now: Instant, info: SidrRequestInfo) {
         let id = info.id;
         let listener = self.listeners.get(&info.service_id).and_then(|l| {
             if l.inner.is_destroyed() {
@@ -348,7 +372,7 @@ impl CmaCore {
         let (Some((lid, linner)), Some(ctx)) = (listener, self.context()) else {
             let _ = self
                 .cm
-                .sidr_reply(Instant::now(), id, SidrStatus::Unsupported, 0, 0, &[]);
+                .sidr_reply(now, id, SidrStatus::Unsupported, 0, 0, &[]);
             return;
         };
         let (local, remote) = self.endpoints(info.service_id, info.cma.as_ref(), &info.peer.gid);
@@ -380,7 +404,7 @@ impl CmaCore {
         push(&rec.inner, RawEvent::new(cid, ev, status, param));
     }
 
-    fn on_connect_request(&mut self, info: ConnectRequestInfo) {
+    fn on_connect_request(&mut self, now: Instant, info: ConnectRequestInfo) {
         let id = info.id;
         let listener = self.listeners.get(&info.service_id).and_then(|l| {
             if l.inner.is_destroyed() {
@@ -391,7 +415,7 @@ impl CmaCore {
                 .map(|h| (CmId(h), l.inner.clone(), l.backlog))
         });
         let Some((lid, linner, backlog)) = listener else {
-            let _ = self.cm.reject(id, &[]);
+            let _ = self.cm.refuse(now, id);
             return;
         };
         let pending = self
@@ -404,7 +428,8 @@ impl CmaCore {
             .count();
         let ctx = self.context();
         let (Some(ctx), true) = (ctx, pending < backlog.max(1)) else {
-            let _ = self.cm.reject(id, &[]);
+            // Over the backlog: a rate-limited REJ, so a REQ flood does not make us reflect.
+            let _ = self.cm.refuse(now, id);
             return;
         };
         let (local, remote) = self.endpoints(info.service_id, info.cma.as_ref(), &info.peer.gid);

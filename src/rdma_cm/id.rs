@@ -673,17 +673,20 @@ impl CmId {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             let id = st.conn.take().expect("connect request");
-            core.cm
-                .sidr_reply(
-                    now,
-                    id,
-                    SidrStatus::Ok,
-                    st.qpn.expect("checked"),
-                    RDMA_UDP_QKEY,
-                    &param.private_data,
-                )
-                .map_err(|_| CmaError::InvalidState("the request is gone"))?;
+            let r = core.cm.sidr_reply(
+                now,
+                id,
+                SidrStatus::Ok,
+                st.qpn.expect("checked"),
+                RDMA_UDP_QKEY,
+                &param.private_data,
+            );
             core.remove_conn(id);
+            if r.is_err() {
+                // Expired (or otherwise gone): this id is no connect request any more.
+                st.phase = Phase::Idle;
+                return Err(CmaError::InvalidState("the request is gone"));
+            }
             st.phase = Phase::Established;
             Ok(())
         })?
