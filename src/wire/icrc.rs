@@ -224,11 +224,7 @@ const ONE: u32 = 0x8000_0000;
 
 /// `a * x mod P`.
 const fn mul_x(a: u32) -> u32 {
-    if a & 1 != 0 {
-        (a >> 1) ^ POLY
-    } else {
-        a >> 1
-    }
+    (a >> 1) ^ (POLY & 0u32.wrapping_sub(a & 1))
 }
 
 /// `a * x^-1 mod P`, the inverse of [`mul_x`].
@@ -240,16 +236,14 @@ const fn div_x(a: u32) -> u32 {
     }
 }
 
-/// `a * b mod P` (zlib's `multmodp`).
+/// `a * b mod P` (zlib's `multmodp`, without branches on the data).
 const fn mul_mod(a: u32, mut b: u32) -> u32 {
     let mut p = 0;
-    let mut m = ONE;
-    while m != 0 {
-        if a & m != 0 {
-            p ^= b;
-        }
+    let mut i = 0;
+    while i < 32 {
+        p ^= b & 0u32.wrapping_sub((a >> (31 - i)) & 1);
         b = mul_x(b);
-        m >>= 1;
+        i += 1;
     }
     p
 }
@@ -363,10 +357,10 @@ fn id_effect(id: u16) -> u32 {
 fn solve(mut e: u32) -> Option<u16> {
     let mut x = 0u16;
     for b in (0..32).rev() {
-        if e & (1 << b) != 0 && ID_BASIS[b].0 != 0 {
-            e ^= ID_BASIS[b].0;
-            x ^= ID_BASIS[b].1;
-        }
+        // Branch-free: an empty entry (0, 0) changes nothing.
+        let m = 0u32.wrapping_sub((e >> b) & 1);
+        e ^= ID_BASIS[b].0 & m;
+        x ^= ID_BASIS[b].1 & m as u16;
     }
     (e == 0).then_some(x)
 }
@@ -534,7 +528,9 @@ impl IcrcGate {
                     let id = solve(e).ok_or(Rejected::Icrc)?;
                     let ahead = last.map(|l| id.wrapping_sub(l));
                     match ahead {
-                        Some(a) if a >= 1 && a <= GATE_PREDICT_WINDOW => (id, Accepted::Predicted),
+                        Some(a) if (1..=GATE_PREDICT_WINDOW).contains(&a) => {
+                            (id, Accepted::Predicted)
+                        }
                         _ => (id, Accepted::Solved),
                     }
                 }
@@ -590,12 +586,12 @@ mod unknown_id_tests {
         }
         // The effect vectors agree with crc32fast.
         let zero = crc32fast::hash(&[0; ID_AT + 2]);
-        for i in 0..16 {
+        for (i, &e) in ID_EFFECT.iter().enumerate() {
             let mut p = [0u8; ID_AT + 2];
             p[ID_AT..].copy_from_slice(&(1u16 << i).to_be_bytes());
-            assert_eq!(crc32fast::hash(&p) ^ zero, ID_EFFECT[i]);
-            assert_eq!(id_effect(1 << i), ID_EFFECT[i]);
-            assert_eq!(solve(ID_EFFECT[i]), Some(1 << i));
+            assert_eq!(crc32fast::hash(&p) ^ zero, e);
+            assert_eq!(id_effect(1 << i), e);
+            assert_eq!(solve(e), Some(1 << i));
         }
         assert_eq!(
             std::mem::size_of_val(&INV_SHIFT) + std::mem::size_of_val(&ID_BASIS),
