@@ -17,6 +17,7 @@ use crate::verbs::{
     guid_from_ipv4, ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, VerbsError,
 };
 use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
+use crate::wire::packet::possible_len;
 use crate::wire::{icrc, Packet, ROCE_V2_PORT};
 
 /// Datagrams handled per receive burst before timers and transmission get a turn.
@@ -35,7 +36,18 @@ const GSI_QPN: u32 = 1;
 pub struct Stats {
     pub rx_packets: u64,
     pub tx_packets: u64,
+    /// Datagrams whose ICRC no IP ID explains (see [`icrc::IcrcGate`]).
     pub rx_bad_icrc: u64,
+    /// Datagrams of a length no RoCEv2 sender produces (below BTH + ICRC, above
+    /// [`crate::wire::packet::MAX_PACKET_LEN`], or not a multiple of 4): dropped before any CRC.
+    pub rx_bad_length: u64,
+    /// Datagrams accepted with IP ID 0 (softrdma peers).
+    pub rx_icrc_id0: u64,
+    /// Datagrams accepted with an IP ID just after the source's last one (rdma_rxe peers).
+    pub rx_icrc_predicted: u64,
+    /// Datagrams accepted with any other IP ID: a source's first packet or a jump after a pause;
+    /// a steady stream of these is corruption or forgery getting through at 2^-16.
+    pub rx_icrc_solved: u64,
     pub rx_malformed: u64,
     pub rx_unknown_qp: u64,
     /// Packets to the GSI QP1 (connection management), handed to the rdma_cm core.
@@ -98,6 +110,8 @@ pub(crate) struct Engine {
     dirty: Vec<u32>,
     capture: Option<Capture>,
     pub stats: Stats,
+    /// The length and ICRC check of received datagrams, with the last IP ID of each source.
+    icrc_gate: icrc::IcrcGate,
     /// rdma_cm over the GSI QP1 of this device.
     pub cma: CmaCore,
     /// A GSI packet or a CM timer made work for `flush_cma`.
@@ -119,6 +133,7 @@ impl Engine {
             dirty: Vec::with_capacity(64),
             capture,
             stats: Stats::default(),
+            icrc_gate: icrc::IcrcGate::new(),
             cma: CmaCore::new(local, guid_from_ipv4(local), slot),
             cma_pending: false,
         })
@@ -240,16 +255,30 @@ impl Engine {
             return;
         };
         let data = &self.rx[..n];
+        // Lengths no RoCEv2 sender produces are dropped before any CRC (or capture).
+        if !possible_len(n) {
+            self.stats.rx_bad_length += 1;
+            return;
+        }
         let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
         Ipv4Udp::new(*from.ip(), from.port(), local, ROCE_V2_PORT, n).emit(&mut hdr);
         // The socket does not show the sender's IP ID, which the ICRC covers: recover it.
-        let icrc_ok = icrc::verify_v4_unknown_id(&mut hdr, data).is_ok();
+        let icrc = self.icrc_gate.check_v4(&mut hdr, data);
         if let Some(c) = &mut self.capture {
             c.record(&hdr, data, true);
         }
-        if !icrc_ok {
-            self.stats.rx_bad_icrc += 1;
-            return;
+        match icrc {
+            Ok((_, icrc::Accepted::Id0)) => self.stats.rx_icrc_id0 += 1,
+            Ok((_, icrc::Accepted::Predicted)) => self.stats.rx_icrc_predicted += 1,
+            Ok((_, icrc::Accepted::Solved)) => self.stats.rx_icrc_solved += 1,
+            Err(icrc::Rejected::Length) => {
+                self.stats.rx_bad_length += 1;
+                return;
+            }
+            Err(icrc::Rejected::Icrc) => {
+                self.stats.rx_bad_icrc += 1;
+                return;
+            }
         }
         let pkt = match Packet::parse(data) {
             Ok(p) => p,

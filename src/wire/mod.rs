@@ -52,6 +52,8 @@ pub enum WireError {
     UnexpectedPayload,
     #[error("ICRC mismatch")]
     BadIcrc,
+    #[error("not a possible RoCEv2 packet length")]
+    BadLength,
     #[error("buffer too small")]
     BufferTooSmall,
     #[error("malformed lower-layer header: {0}")]

@@ -268,6 +268,38 @@ const TABLE: [Option<OpInfo>; 256] = {
     t
 };
 
+/// The longest transport packet without its ICRC (BTH, extension headers, payload and pad) that
+/// any opcode of the table allows at path MTU `mtu`: an opcode that carries a payload carries at
+/// most `mtu` bytes of it, padded to a multiple of 4 (IBA 9.3.3, 9.4).
+pub const fn max_len_without_icrc(mtu: usize) -> usize {
+    let mut max = 0;
+    let mut i = 0;
+    while i < 256 {
+        if let Some(info) = &TABLE[i] {
+            let mut len = info.header_len();
+            if info.payload {
+                len += (mtu + 3) & !3;
+            }
+            if len > max {
+                max = len;
+            }
+        }
+        i += 1;
+    }
+    max
+}
+
+/// Every header set of the table is a multiple of 4 bytes long, so with the pad every packet is.
+const _: () = {
+    let mut i = 0;
+    while i < 256 {
+        if let Some(info) = &TABLE[i] {
+            assert!(info.header_len() % 4 == 0);
+        }
+        i += 1;
+    }
+};
+
 impl Opcode {
     /// What the table says about this opcode; `None` for reserved or unsupported opcodes.
     pub fn info(self) -> Option<&'static OpInfo> {

@@ -9,6 +9,29 @@ use super::{
 /// Length of the invariant CRC trailer.
 pub const ICRC_LEN: usize = 4;
 
+/// The largest path MTU (IBA 4096 bytes; the largest softrdma and Linux rdma_rxe support).
+pub const MAX_MTU: usize = 4096;
+
+/// The shortest transport packet (UDP payload): a BTH and the ICRC.
+pub const MIN_PACKET_LEN: usize = bth::LEN + ICRC_LEN;
+
+/// The longest transport packet (UDP payload) softrdma or rxe can send: [`MAX_MTU`] bytes of
+/// payload behind the longest header set of any opcode that carries a payload (RDMA WRITE Only
+/// with Immediate: BTH 12 + RETH 16 + ImmDt 4), the pad (none: 4096 is a multiple of 4) and the
+/// ICRC. 4132 bytes.
+pub const MAX_PACKET_LEN: usize = super::opcode::max_len_without_icrc(MAX_MTU) + ICRC_LEN;
+
+/// Every transport packet is a multiple of this long: headers, payload plus pad, and ICRC are
+/// each whole 4-byte words (IBA 9.3.3: the pad brings the payload to a multiple of 4).
+pub const PACKET_ALIGN: usize = 4;
+
+/// Whether `len` can be the length of a RoCEv2 transport packet (a UDP payload) softrdma or rxe
+/// sends: [`MIN_PACKET_LEN`]`..=`[`MAX_PACKET_LEN`] and a multiple of [`PACKET_ALIGN`]. Checked
+/// before any CRC is computed.
+pub const fn possible_len(len: usize) -> bool {
+    len >= MIN_PACKET_LEN && len <= MAX_PACKET_LEN && len % PACKET_ALIGN == 0
+}
+
 /// A parsed packet. `payload` excludes pad and ICRC.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Packet<'a> {
@@ -181,6 +204,29 @@ mod tests {
     use super::*;
     use crate::wire::aeth::{NakCode, Syndrome, CREDITS_INVALID};
     use crate::wire::{icrc, Opcode, Psn};
+
+    #[test]
+    fn length_limits() {
+        assert_eq!(MIN_PACKET_LEN, 16);
+        // RDMA WRITE Only with Immediate at MTU 4096: 12 + 16 + 4 + 4096 + 4.
+        assert_eq!(MAX_PACKET_LEN, 4132);
+        assert_eq!(MAX_MTU, crate::transport::Mtu::Mtu4096.bytes());
+        // Every opcode's longest packet at every MTU is a possible length.
+        for op in 0..=255u8 {
+            let Some(info) = Opcode(op).info() else {
+                continue;
+            };
+            for mtu in [256, 512, 1024, 2048, 4096] {
+                let len = info.header_len() + if info.payload { mtu } else { 0 } + ICRC_LEN;
+                assert!(possible_len(len), "{op:#x} at {mtu}: {len}");
+                assert!(len <= MAX_PACKET_LEN);
+            }
+        }
+        assert!(!possible_len(MIN_PACKET_LEN - 4));
+        assert!(!possible_len(MAX_PACKET_LEN + 4));
+        assert!(!possible_len(MIN_PACKET_LEN + 2));
+        assert!(!possible_len(0));
+    }
 
     // Whole UDP payloads (BTH to ICRC) and their IPv4+UDP headers from tests/data/rxe-basic.pcap.
 
