@@ -49,23 +49,48 @@ const LD_W_ABS: u16 = 0x20; // BPF_LD|BPF_W|BPF_ABS
 const AND_K: u16 = 0x54; // BPF_ALU|BPF_AND|BPF_K
 const RSH_K: u16 = 0x74; // BPF_ALU|BPF_RSH|BPF_K
 const JEQ_K: u16 = 0x15; // BPF_JMP|BPF_JEQ|BPF_K
+const LD_H_ABS: u16 = 0x28; // BPF_LD|BPF_H|BPF_ABS
+const JA: u16 = 0x05; // BPF_JMP|BPF_JA
 const TAX: u16 = 0x07; // BPF_MISC|BPF_TAX
 const TXA: u16 = 0x87; // BPF_MISC|BPF_TXA
 const RET_A: u16 = 0x16; // BPF_RET|BPF_A
 const RET_K: u16 = 0x06; // BPF_RET|BPF_K
 
-/// owner → group index, as a cBPF program run on the UDP payload.
-fn table_prog(table: &[(u32, u32)]) -> Vec<libc::sock_filter> {
+/// owner → group index, as a cBPF program run on the UDP payload. QP1 (CM) datagrams are steered
+/// by the MAD: REQ/SIDR_REQ by the word holding port space and port of the service ID (payload
+/// 56..60) through `listeners`; every other CM message by the top 8 bits of the recipient's comm
+/// ID (payload 48..52) through the owner table. Payload: BTH 0..12, DETH 12..20, MAD 20..44
+/// (attribute id 36..38), CM message 44.. (a slice of the layout documented in docs/sharing.md).
+fn table_prog(table: &[(u32, u32)], listeners: &[(u32, u32)]) -> Vec<libc::sock_filter> {
+    let l = 2 * listeners.len() as u32;
+    assert!(l <= 240);
     let mut p = vec![
-        ins(LD_W_ABS, 0, 0, 4), // A = payload[4..8] = resv8 | dest QPN
+        ins(LD_W_ABS, 0, 0, 4), // 0: A = payload[4..8] = resv8 | dest QPN
         ins(AND_K, 0, 0, 0x00ff_ffff),
         ins(TAX, 0, 0, 0),
+        ins(JEQ_K, 0, (8 + l) as u8, 1), // 3: QP1? else to NOTCM = 12 + l
+        ins(LD_H_ABS, 0, 0, 36),         // 4: attribute id
+        ins(JEQ_K, 4, 0, 0x0010),        // REQ -> LST (10)
+        ins(JEQ_K, 3, 0, 0x0017),        // SIDR_REQ -> LST
+        ins(LD_W_ABS, 0, 0, 48),         // 7: remote comm ID = ours
+        ins(RSH_K, 0, 0, 24),            //    owner = its top 8 bits
+        ins(JA, 0, 0, 8 + l),            // 9: -> OWNERS = 18 + l
+        ins(LD_W_ABS, 0, 0, 56),         // 10 LST: port space << 16 | port
+    ];
+    for &(word, idx) in listeners {
+        p.push(ins(JEQ_K, 0, 1, word));
+        p.push(ins(RET_K, 0, 0, idx));
+    }
+    p.extend([
+        ins(RET_K, 0, 0, NO_INDEX),
+        ins(TXA, 0, 0, 0),             // NOTCM
         ins(RSH_K, 0, 0, 16),          // A = owner (QPN bits 23..16)
         ins(JEQ_K, 0, 3, PROBE_OWNER), // probe?
         ins(TXA, 0, 0, 0),             //   A = QPN
         ins(AND_K, 0, 0, 0xffff),      //   index = QPN & 0xffff
         ins(RET_A, 0, 0, 0),
-    ];
+    ]);
+    assert_eq!(p.len() as u32, 18 + l);
     for &(owner, idx) in table {
         p.push(ins(JEQ_K, 0, 1, owner));
         p.push(ins(RET_K, 0, 0, idx));
@@ -96,17 +121,18 @@ fn attach(fd: libc::c_int, spec: &str) -> Result<usize, i32> {
         let n: u32 = n.parse().unwrap();
         let mut t: Vec<(u32, u32)> = (0..n).map(|i| (0x100 + i, NO_INDEX)).collect();
         t.push((0, 0));
-        table_prog(&t)
+        table_prog(&t, &[])
     } else {
-        let t: Vec<(u32, u32)> = spec
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|e| {
-                let (o, i) = e.split_once(':').unwrap();
-                (o.parse().unwrap(), i.parse().unwrap())
-            })
-            .collect();
-        table_prog(&t)
+        // "owner:index,..." and "Lhexword:index" for CM listeners
+        let (mut t, mut ls) = (Vec::new(), Vec::new());
+        for e in spec.split(',').filter(|s| !s.is_empty()) {
+            let (o, i) = e.split_once(':').unwrap();
+            match o.strip_prefix('L') {
+                Some(w) => ls.push((u32::from_str_radix(w, 16).unwrap(), i.parse().unwrap())),
+                None => t.push((o.parse().unwrap(), i.parse().unwrap())),
+            }
+        }
+        table_prog(&t, &ls)
     };
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
@@ -293,7 +319,7 @@ impl Senders {
         let socks = (0..8)
             .map(|_| {
                 let s = UdpSocket::bind((from, 0)).unwrap();
-                s.set_read_timeout(Some(Duration::from_millis(300)))
+                s.set_read_timeout(Some(Duration::from_millis(100)))
                     .unwrap();
                 s
             })
@@ -324,7 +350,26 @@ impl Senders {
                 d[4..8].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
                 d[12..16].copy_from_slice(&self.seq.to_be_bytes());
                 s.send_to(&d, self.dst).unwrap();
-                recv_id(s)
+                recv_id(s, self.seq)
+            })
+            .collect()
+    }
+
+    /// A fake CM MAD to QP1: attribute id, payload word 48..52 and word 56..60.
+    fn mad(&mut self, attr: u16, w48: u32, w56: u32) -> Vec<Option<u32>> {
+        let mut d = [0u8; 64];
+        d[0] = PROBE_OPCODE;
+        d[4..8].copy_from_slice(&1u32.to_be_bytes());
+        d[36..38].copy_from_slice(&attr.to_be_bytes());
+        d[48..52].copy_from_slice(&w48.to_be_bytes());
+        d[56..60].copy_from_slice(&w56.to_be_bytes());
+        self.socks
+            .iter()
+            .map(|s| {
+                self.seq += 1;
+                d[12..16].copy_from_slice(&self.seq.to_be_bytes());
+                s.send_to(&d, self.dst).unwrap();
+                recv_id(s, self.seq)
             })
             .collect()
     }
@@ -335,18 +380,24 @@ impl Senders {
             .iter()
             .map(|s| {
                 s.send_to(&[PROBE_OPCODE, 0, 0], self.dst).unwrap();
-                recv_id(s)
+                recv_id(s, NO_INDEX)
             })
             .collect()
     }
 }
 
-fn recv_id(s: &UdpSocket) -> Option<u32> {
+/// The id in the answer carrying `seq`; answers to earlier, timed-out datagrams are skipped.
+fn recv_id(s: &UdpSocket, seq: u32) -> Option<u32> {
     let mut r = [0u8; 8];
-    match s.recv(&mut r) {
-        Ok(8) => Some(u32::from_be_bytes(r[..4].try_into().unwrap())),
-        _ => None,
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(1) {
+        if let Ok(8) = s.recv(&mut r) {
+            if u32::from_be_bytes(r[4..].try_into().unwrap()) == seq {
+                return Some(u32::from_be_bytes(r[..4].try_into().unwrap()));
+            }
+        }
     }
+    None
 }
 
 fn show(label: &str, v: &[Option<u32>]) {
@@ -414,6 +465,30 @@ fn steer_and_crash(addr: Ipv4Addr, netns: Option<&str>) {
     send_owners(&mut tx, &[10, 11, 12, 13, 20]);
     discover(&mut tx, 6);
     show("3-byte datagram (load past end)", &tx.short());
+    println!(" QP1: c3 attaches the table plus listener rdma_cm TCP port 20000 (word 0x01064e20) -> index 2");
+    println!(" c3 -> {}", ms[3].cmd(&format!("attach {t}L01064e20:2")));
+    show(
+        "QP1 REQ, service port 20000",
+        &tx.mad(0x0010, 0, 0x0106_4e20),
+    );
+    show(
+        "QP1 SIDR_REQ, service port 20000",
+        &tx.mad(0x0017, 0, 0x0106_4e20),
+    );
+    show(
+        "QP1 REQ, port 20001 (no listener)",
+        &tx.mad(0x0010, 0, 0x0106_4e21),
+    );
+    show(
+        "QP1 REP, remote comm ID 0x0b123456",
+        &tx.mad(0x0013, 0x0b12_3456, 0),
+    );
+    show(
+        "QP1 DREQ, remote comm ID 0x0d000001",
+        &tx.mad(0x0015, 0x0d00_0001, 0),
+    );
+    send_owners(&mut tx, &[10, 13]);
+    discover(&mut tx, 1);
 
     println!("== 2. crash: kill -9 c1 (index 1, the last member c3 is index 3)");
     let mut watch =
@@ -510,20 +585,15 @@ fn bench(addr: Ipv4Addr, secs: f64) {
     let cases: [(&str, u32, bool, Option<&str>); 5] = [
         ("plain socket, no SO_REUSEPORT", 1, false, None),
         ("reuseport group of 2, no program", 2, true, None),
+        ("group of 2, owner table program", 2, true, Some("0:0,1:1")),
         (
-            "group of 2, table program (12 insns)",
-            2,
-            true,
-            Some("0:0,1:1"),
-        ),
-        (
-            "group of 2, 256-entry chain (~520 insns)",
+            "group of 2, 256-entry owner chain",
             2,
             true,
             Some("chain256"),
         ),
         (
-            "group of 2, 2000-entry chain (~4010 insns)",
+            "group of 2, 2000-entry owner chain",
             2,
             true,
             Some("chain2000"),
@@ -559,7 +629,7 @@ fn bench(addr: Ipv4Addr, secs: f64) {
             "  {label:<44} sent {:>9.0}/s  received {:>9.0}/s  per member {got:?}{}",
             sent as f64 / el,
             total as f64 / el,
-            att.map_or(String::new(), |a| format!("  ({a})"))
+            att.map_or(String::new(), |a| format!("  ({a} insns)"))
         );
         for mut m in ms {
             kill9(&mut m);
