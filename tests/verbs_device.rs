@@ -82,14 +82,34 @@ fn gid_indexes_0_and_1_hold_the_ipv4_mapped_gid() {
     assert_eq!(ipv4_from_gid(&[0xfe; 16]), None);
 }
 
+/// Two contexts on one device share it, as two processes on one rdma_rxe device do: one
+/// address, one GID, one node GUID; their QPNs differ in the top byte (the slot that steers
+/// each datagram to its context: `driver::share`).
 #[test]
-fn two_contexts_get_distinct_loopback_endpoints() {
+fn two_contexts_share_the_loopback_device() {
     let a = loopback_ctx();
     let b = loopback_ctx();
-    assert!(a.addr().is_loopback() && b.addr().is_loopback());
-    assert_ne!(a.addr(), b.addr());
-    assert_ne!(a.gid(), b.gid());
-    assert_ne!(a.node_guid(), b.node_guid());
+    assert!(a.addr().is_loopback());
+    assert_eq!(a.addr(), b.addr());
+    assert_eq!(a.gid(), b.gid());
+    assert_eq!(a.node_guid(), b.node_guid());
+    let qpn = |c: &softrdma::verbs::Context| {
+        let pd = c.alloc_pd().unwrap();
+        let cq = c.create_cq(4, None).unwrap();
+        let qp = pd
+            .create_qp(&softrdma::verbs::QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap: Default::default(),
+                qp_type: softrdma::verbs::QpType::Rc,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        qp.qp_num()
+    };
+    let (qa, qb) = (qpn(&a), qpn(&b));
+    assert_ne!(qa >> 16, qb >> 16, "{qa:#x} {qb:#x}");
+    assert!(qa >> 16 != 0 && qb >> 16 != 0);
 }
 
 /// `SOFTRDMA_ADDR` pins the list to one device. Environment changes are process-wide, so the

@@ -334,14 +334,21 @@ fn packets_to_qp1_never_reach_an_application_ud_qp() {
     let b = UdEnd::new(0x8001_0000); // the GSI Q_Key, as a GSI sender would use
     let ah = a.ah_to(&b);
     b.post_recv(1, 0, 300);
-    let before = b.ctx.stats().unwrap().rx_gsi;
+    // a and b share the loopback device's address with other tests' contexts: QP1 packets
+    // are steered by the MAD's remote communication ID (its top byte is the owner's slot, the
+    // top byte of its QPNs), so address this one to b's.
+    let mut mad = [0u8; 256];
+    mad[28] = (b.qp.qp_num() >> 16) as u8; // data offset 4 of the MAD: remote comm ID
+    a.mr.write(0, &mad).unwrap();
+    let gsi = || b.ctx.stats().unwrap().rx_gsi;
+    let before = gsi();
     a.send(1, SendOp::Send, 0, 256, &ah, 1, 0x8001_0000)
         .unwrap();
     assert_eq!(a.wait().status, WcStatus::Success);
     b.expect_nothing(Duration::from_millis(300));
     let t0 = Instant::now();
     // It reached the endpoint, where the GSI QP (the CM) took it.
-    while b.ctx.stats().unwrap().rx_gsi == before {
+    while gsi() == before {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "the QP1 packet never arrived"

@@ -35,11 +35,27 @@ use std::time::{Duration, Instant};
 /// Slots per address: the top byte of a QPN (0 is QP0/QP1's).
 pub(crate) const MAX_SLOTS: usize = 255;
 
-/// Where the registries live: one file per address, private to the user.
+/// Where the registries live: one file per network namespace and address, private to the
+/// user.
 fn registry_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     std::env::temp_dir().join(format!("softrdma-{uid}"))
+}
+
+/// The network namespace's identity: reuseport groups are per namespace, and two namespaces
+/// may both have an address (127.0.0.1 always).
+fn netns_id() -> String {
+    std::fs::read_link("/proc/self/ns/net")
+        .ok()
+        .and_then(|p| {
+            let s = p.to_string_lossy().into_owned();
+            // "net:[4026531840]"
+            s.strip_prefix("net:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "net".into())
 }
 
 /// One context on the address, as the registry records it.
@@ -245,7 +261,7 @@ impl Share {
             .recursive(true)
             .mode(0o700)
             .create(&dir)?;
-        let path = dir.join(addr.to_string());
+        let path = dir.join(format!("{}-{addr}", netns_id()));
         let f = OpenOptions::new()
             .read(true)
             .write(true)
