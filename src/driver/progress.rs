@@ -13,7 +13,7 @@ const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// An application that polled its CQ this recently is taken to be busy-polling.
 const POLL_WINDOW: Duration = Duration::from_millis(2);
 /// How often the contexts sharing the address are checked for dead ones.
-const SHARE_CHECK: Duration = Duration::from_secs(1);
+const SHARE_CHECK: Duration = Duration::from_millis(100);
 
 pub(crate) fn spawn(shared: Weak<Shared>, io: Arc<Io>) -> std::io::Result<()> {
     std::thread::Builder::new()

@@ -17,9 +17,11 @@
 //!   when one closes the last one moves into its place (`reuseport_detach_sock`). The registry
 //!   mirrors that array. Joining and leaving happen under an exclusive `flock` of the registry,
 //!   and a leaving context closes its socket before it lets go of the lock, so the mirror stays
-//!   exact; a context found dead (its slot lock free) is removed the way the kernel removed it.
-//!   Its socket closed before its slot lock was released: the registry fd is kept numbered
-//!   above the socket's, and a process's files close in fd order.
+//!   exact. A process that exits normally leaves for each of its contexts in an `atexit`
+//!   handler (contexts held in statics are never dropped). A context found dead (its slot lock
+//!   free) is removed the way the kernel removed it; its socket left the group before its slot
+//!   lock was released, because the registry fd is numbered below the socket's and an exiting
+//!   process's files are released in reverse fd order.
 //! * **Limits.** `SO_REUSEPORT` groups only sockets of one user: another user's process, a
 //!   kernel rdma_rxe (which holds UDP 4791 on every address once loaded) or a non-sharing
 //!   program makes the bind fail with `EADDRINUSE`, reported as such.
@@ -27,7 +29,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -249,36 +251,34 @@ fn prune(fd: RawFd, l: &mut Layout, me: Option<u8>) -> bool {
 }
 
 impl Share {
-    /// Join the group of `addr` with `sock` (not yet bound; `SO_REUSEPORT` set): claim a
-    /// slot, bind, record the socket's index and steer its slot to it. `bind` binds `sock`.
-    pub fn join(
-        addr: Ipv4Addr,
-        sock_fd: RawFd,
-        bind: impl FnOnce() -> io::Result<()>,
-    ) -> io::Result<Share> {
+    /// Open (creating it) the registry of `addr` in this network namespace. Open it before
+    /// the socket: a process's files are released in reverse order of their fds at exit, and
+    /// the socket must leave the group before the slot lock is seen free.
+    pub fn open_registry(addr: Ipv4Addr) -> io::Result<File> {
         let dir = registry_dir();
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)?;
-        let path = dir.join(format!("{}-{addr}", netns_id()));
-        let f = OpenOptions::new()
+        OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC)
-            .open(&path)?;
-        // Renumber above the socket, so at exit the socket closes before the slot lock frees.
-        // SAFETY: F_DUPFD_CLOEXEC on our own fd returns a new fd we then own.
-        let fd = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, sock_fd + 1) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        drop(f);
-        // SAFETY: `fd` is a fresh descriptor nothing else owns.
-        let reg = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            .open(dir.join(format!("{}-{addr}", netns_id())))
+    }
+
+    /// Join the group of the registry `reg` with `sock_fd` (not yet bound, `SO_REUSEPORT`
+    /// set, numbered above `reg`): claim a slot, bind (`bind`), record the socket's index and
+    /// steer its slot to it.
+    pub fn join(
+        reg: File,
+        sock_fd: RawFd,
+        bind: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<Share> {
+        debug_assert!(sock_fd > reg.as_raw_fd());
         let guard = Locked::new(&reg)?;
         let mut layout = read_layout(&reg)?;
         prune(reg.as_raw_fd(), &mut layout, None);
@@ -298,12 +298,18 @@ impl Share {
         write_layout(&reg, &layout)?;
         attach(sock_fd, &layout)?;
         drop(guard);
+        at_exit::register(reg.as_raw_fd(), sock_fd, slot);
         Ok(Share { slot, reg })
     }
 
     /// Leave the group: record the kernel's move, steer for the group without us, then run
     /// `close` (which closes the socket) while still holding the registry lock.
     pub fn leave(&self, sock_fd: RawFd, close: impl FnOnce()) {
+        if !at_exit::unregister(self.reg.as_raw_fd()) {
+            // The process is exiting and its handler left for us.
+            close();
+            return;
+        }
         let guard = Locked::new(&self.reg);
         if guard.is_ok() {
             if let Ok(mut layout) = read_layout(&self.reg) {
@@ -363,6 +369,86 @@ impl Share {
         f(&mut layout);
         write_layout(&self.reg, &layout)?;
         attach(sock_fd, &layout)
+    }
+}
+
+/// Leaving at normal process exit, for contexts nobody drops (held in statics).
+mod at_exit {
+    use std::os::fd::RawFd;
+    use std::sync::{Mutex, Once};
+
+    use super::{attach, prune, read_layout, write_layout, File};
+
+    struct Live {
+        /// (registry fd, socket fd, slot) of each share of this process.
+        shares: Vec<(RawFd, RawFd, u8)>,
+        exiting: bool,
+    }
+
+    static LIVE: Mutex<Live> = Mutex::new(Live {
+        shares: Vec::new(),
+        exiting: false,
+    });
+    static HANDLER: Once = Once::new();
+
+    fn live() -> std::sync::MutexGuard<'static, Live> {
+        LIVE.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn register(reg: RawFd, sock: RawFd, slot: u8) {
+        HANDLER.call_once(|| {
+            // SAFETY: registers a plain extern "C" function with no arguments.
+            unsafe { libc::atexit(on_exit) };
+        });
+        live().shares.push((reg, sock, slot));
+    }
+
+    /// Forget a share that leaves by itself; false if the exit handler has taken over.
+    pub fn unregister(reg: RawFd) -> bool {
+        let mut l = live();
+        l.shares.retain(|s| s.0 != reg);
+        !l.exiting
+    }
+
+    /// The file identity of an fd (two shares on one address have one registry file).
+    fn inode(fd: RawFd) -> Option<(u64, u64)> {
+        // SAFETY: fstat writes a stat structure we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is live and `fd` is ours.
+        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    }
+
+    extern "C" fn on_exit() {
+        let mut l = live();
+        l.exiting = true;
+        // The kernel releases an exiting process's files in reverse fd order: the sockets with
+        // the highest fds leave their groups first.
+        let mut shares = l.shares.clone();
+        shares.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+        let mut locked: Vec<(u64, u64)> = Vec::new();
+        for (reg, sock, slot) in shares {
+            let Some(id) = inode(reg) else { continue };
+            // One flock per registry file (several shares on one address share it). It is
+            // kept until the process's files are released, after its sockets.
+            if !locked.contains(&id) {
+                // SAFETY: flock on our own open file.
+                if unsafe { libc::flock(reg, libc::LOCK_EX) } != 0 {
+                    continue;
+                }
+                locked.push(id);
+            }
+            // SAFETY: `reg` is the registry fd of a live share (shares unregister before they
+            // close it); ManuallyDrop keeps it open.
+            let f = std::mem::ManuallyDrop::new(unsafe {
+                <File as std::os::fd::FromRawFd>::from_raw_fd(reg)
+            });
+            if let Ok(mut layout) = read_layout(&f) {
+                prune(reg, &mut layout, Some(slot));
+                layout.detach(slot);
+                let _ = write_layout(&f, &layout);
+                let _ = attach(sock, &layout);
+            }
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use std::io;
 use std::mem::ManuallyDrop;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -47,14 +47,16 @@ impl Io {
     }
 
     fn bind_one(a: Ipv4Addr) -> io::Result<(Socket, Option<Share>)> {
-        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
         let at = SocketAddrV4::new(a, ROCE_V2_PORT);
-        if s.set_reuse_port(true).is_ok() {
-            match Share::join(a, s.as_raw_fd(), || s.bind(&at.into())) {
-                Ok(share) => return Ok((s, Some(share))),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
-                // No registry (an unwritable temporary directory, say): bind alone.
-                Err(_) => {}
+        // No registry (an unwritable temporary directory, say): bind alone.
+        if let Ok(reg) = Share::open_registry(a) {
+            let s = socket_above(reg.as_raw_fd())?;
+            if s.set_reuse_port(true).is_ok() {
+                match Share::join(reg, s.as_raw_fd(), || s.bind(&at.into())) {
+                    Ok(share) => return Ok((s, Some(share))),
+                    Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
+                    Err(_) => {}
+                }
             }
         }
         let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
@@ -162,6 +164,21 @@ impl Io {
     pub fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
+}
+
+/// A UDP socket whose fd is above `fd` (see [`Share::open_registry`]).
+fn socket_above(fd: RawFd) -> io::Result<Socket> {
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    if s.as_raw_fd() > fd {
+        return Ok(s);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on our own socket returns a new fd we then own.
+    let n = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_DUPFD_CLOEXEC, fd + 1) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `n` is a fresh descriptor of the same socket, owned by nothing else.
+    Ok(unsafe { Socket::from_raw_fd(n) })
 }
 
 impl Drop for Io {

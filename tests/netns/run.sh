@@ -52,5 +52,32 @@ run perftest-write-R "$EX/perftest write -R -n 500 -s 65536" "$EX/perftest write
 # rc_pingpong has no rdma_cm: like ibv_rc_pingpong it takes the device it is given (srxe1 is the
 # veth; srxe0 is lo).
 run rc-pingpong "$EX/rc_pingpong -d srxe1 -g 1 -n 200 -s 4096" "$EX/rc_pingpong -d srxe1 -g 1 -n 200 -s 4096 $IPA" '^1638400 bytes in'
+
+# Several processes sharing one non-loopback address on each side (issue 8): three servers at
+# once in A, their three clients at once in B, plus an rc_pingpong pair; every one must finish.
+shared() {
+  local pids=() rc=0 i
+  ip netns exec "$A" timeout 60 "$EX/rping" -s -v -S 3000 -p 7301 >"$OUT/shared.rping.s.log" 2>&1 & pids+=($!)
+  ip netns exec "$A" timeout 60 "$EX/cmatose" -p 7302 -c 4 -C 20 >"$OUT/shared.cmatose.s.log" 2>&1 & pids+=($!)
+  ip netns exec "$A" timeout 60 "$EX/udaddy" -p 7303 -c 2 -C 10 >"$OUT/shared.udaddy.s.log" 2>&1 & pids+=($!)
+  ip netns exec "$A" timeout 60 "$EX/rc_pingpong" -d srxe1 -g 1 -p 18600 -n 100 >"$OUT/shared.pp.s.log" 2>&1 & pids+=($!)
+  sleep 0.7
+  ip netns exec "$B" timeout 60 "$EX/rping" -c -a $IPA -p 7301 -C 10 -V -v -S 3000 >"$OUT/shared.rping.c.log" 2>&1 & pids+=($!)
+  ip netns exec "$B" timeout 60 "$EX/cmatose" -s $IPA -p 7302 -c 4 -C 20 >"$OUT/shared.cmatose.c.log" 2>&1 & pids+=($!)
+  ip netns exec "$B" timeout 60 "$EX/udaddy" -s $IPA -p 7303 -c 2 -C 10 >"$OUT/shared.udaddy.c.log" 2>&1 & pids+=($!)
+  ip netns exec "$B" timeout 60 "$EX/rc_pingpong" -d srxe1 -g 1 -p 18600 -n 100 $IPA >"$OUT/shared.pp.c.log" 2>&1 & pids+=($!)
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  grep -q '^ping data: rdma-ping-9: ' "$OUT/shared.rping.c.log" || rc=1
+  grep -q '^return status 0' "$OUT/shared.cmatose.c.log" || rc=1
+  grep -q '^return status 0' "$OUT/shared.udaddy.c.log" || rc=1
+  grep -q 'bytes in' "$OUT/shared.pp.c.log" || rc=1
+  if [ $rc = 0 ]; then
+    echo "PASS shared-address (4 servers on $IPA, 4 clients on $IPB, all at once)"; pass=$((pass + 1))
+  else
+    echo "FAIL shared-address"; tail -n 3 "$OUT"/shared.*.log; fail=$((fail + 1))
+  fi
+}
+shared
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
