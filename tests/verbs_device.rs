@@ -8,17 +8,33 @@ use softrdma::transport::Mtu;
 use softrdma::verbs::{gid_from_ipv4, ipv4_from_gid, AtomicCap, PortState, VerbsError};
 use verbs_util::*;
 
+/// As rdma_rxe: one device per interface; the first one reaches other hosts (the default
+/// route's interface when there is one), the loopback device is last.
 #[test]
-fn list_has_loopback_first_and_names_in_order() {
+fn list_has_loopback_last_and_names_in_order() {
     if std::env::var_os("SOFTRDMA_ADDR").is_some() {
         return; // the child of `softrdma_addr_env` below
     }
     let devs = softrdma::devices().unwrap();
     assert!(!devs.is_empty());
-    assert!(devs[0].addr().is_loopback(), "loopback first: {devs:?}");
-    assert_eq!(devs[0].ifname(), "lo");
+    let last = devs.last().unwrap();
+    assert!(last.addr().is_loopback(), "loopback last: {devs:?}");
+    assert_eq!(last.ifname(), "lo");
+    assert!(devs[..devs.len() - 1]
+        .iter()
+        .all(|d| !d.addr().is_loopback()));
     for (i, d) in devs.iter().enumerate() {
         assert_eq!(d.name(), format!("srxe{i}"));
+    }
+    let ifs: std::collections::HashSet<_> = devs.iter().map(|d| d.ifname()).collect();
+    assert_eq!(ifs.len(), devs.len(), "one device per interface: {devs:?}");
+    // The default route's interface, if any, comes first.
+    let route = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    if let Some(dflt) = route.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 7 && f[1] == "00000000" && f[7] == "00000000").then(|| f[0].to_string())
+    }) {
+        assert_eq!(devs[0].ifname(), dflt, "{devs:?}");
     }
 }
 

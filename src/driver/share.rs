@@ -424,7 +424,7 @@ mod at_exit {
         // The kernel releases an exiting process's files in reverse fd order: the sockets with
         // the highest fds leave their groups first.
         let mut shares = l.shares.clone();
-        shares.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+        shares.sort_unstable_by_key(|s| std::cmp::Reverse(s.1));
         let mut locked: Vec<(u64, u64)> = Vec::new();
         for (reg, sock, slot) in shares {
             let Some(id) = inode(reg) else { continue };

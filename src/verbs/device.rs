@@ -1,4 +1,4 @@
-//! Devices: one user-space RoCEv2 endpoint per local IPv4 address.
+//! Devices: one user-space RoCEv2 endpoint per network interface, shared by every process.
 
 use std::ffi::CStr;
 use std::net::Ipv4Addr;
@@ -30,8 +30,11 @@ pub struct Device {
     pinned: bool,
 }
 
-/// `ibv_get_device_list`: one device per local IPv4 interface address, loopback first, named
-/// `srxe0`, `srxe1`, …. With `SOFTRDMA_ADDR=a.b.c.d` set, exactly one device on that address.
+/// `ibv_get_device_list`: one device per network interface with an IPv4 address, named `srxe0`,
+/// `srxe1`, …: first the interface of the default route (so the first device, the one programs
+/// open by default, reaches other hosts), then the other interfaces, the loopback device last.
+/// Any number of processes open a device at once (`driver::share`). With
+/// `SOFTRDMA_ADDR=a.b.c.d` set, exactly one device, pinned to that address.
 pub fn devices() -> Result<Vec<Device>> {
     if let Ok(a) = std::env::var("SOFTRDMA_ADDR") {
         let addr: Ipv4Addr = a
@@ -55,7 +58,20 @@ pub fn devices() -> Result<Vec<Device>> {
         }]);
     }
     let mut ifs = interfaces()?;
-    ifs.sort_by_key(|i| !i.addr.is_loopback());
+    // One device per interface, on its first IPv4 address, as rdma_rxe has one per netdev.
+    let mut seen = std::collections::HashSet::new();
+    ifs.retain(|i| seen.insert(i.name.clone()));
+    // The first device is one a peer on another host reaches (programs take the first, as
+    // ibv_rc_pingpong and perftest do): the default route's interface, then the other running
+    // ones; the loopback device last.
+    let default_if = default_route_interface();
+    ifs.sort_by_key(|i| {
+        (
+            i.addr.is_loopback(),
+            Some(&i.name) != default_if.as_ref(),
+            !i.running,
+        )
+    });
     Ok(ifs
         .into_iter()
         .enumerate()
@@ -69,12 +85,23 @@ pub fn devices() -> Result<Vec<Device>> {
         .collect())
 }
 
+/// The interface of the IPv4 default route (`/proc/net/route`), if there is one.
+fn default_route_interface() -> Option<String> {
+    let table = std::fs::read_to_string("/proc/net/route").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 7 && f[1] == "00000000" && f[7] == "00000000").then(|| f[0].to_string())
+    })
+}
+
 /// One local IPv4 interface address.
 struct Interface {
     name: String,
     addr: Ipv4Addr,
     mask: Ipv4Addr,
     mtu: u32,
+    /// IFF_RUNNING: up with a carrier.
+    running: bool,
 }
 
 impl Interface {
@@ -128,6 +155,7 @@ fn interfaces() -> Result<Vec<Interface>> {
             addr,
             mask,
             mtu,
+            running: ifa.ifa_flags & libc::IFF_RUNNING as u32 != 0,
         });
     }
     // SAFETY: `ifap` came from getifaddrs and is freed once.

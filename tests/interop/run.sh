@@ -232,7 +232,7 @@ host_log_has() { grep -qE "$1" "$SCEN_DIR/host.log"; }
 
 # start_host NAME: the host command in the background, in its own process group, inside the netns.
 start_host() {
-  setsid env EX="$EX" OUT="$OUT" HOST_IP="$HOST_IP" GUEST_IP="$GUEST_IP" SOFTRDMA_ADDR="$HOST_IP" \
+  setsid env EX="$EX" OUT="$OUT" HOST_IP="$HOST_IP" GUEST_IP="$GUEST_IP" \
     SCEN_DIR="$SCEN_DIR" INTEROP_DIR="$HERE" RUST_BACKTRACE=1 \
     ip netns exec "$NS" timeout -k 5 "${TIMEOUT[$1]}" bash -c "${HOSTCMD[$1]}" \
     > "$SCEN_DIR/host.log" 2>&1 < /dev/null &

@@ -8,7 +8,7 @@
 #     guest=SNIPPET      busybox sh run in the guest (helpers: ready, wait_listen, until_host_done,
 #                        host_done; variables: HOST_IP GUEST_IP SCEN_DIR)
 #     host=COMMAND       bash run on the host inside the netns (variables: EX HOST_IP GUEST_IP OUT
-#                        SOFTRDMA_ADDR SCEN_DIR INTEROP_DIR); host-server starts it before the guest snippet,
+#                        SCEN_DIR INTEROP_DIR); host-server starts it before the guest snippet,
 #                        host-client after the snippet has called `ready`
 #     host_ready=CHECK   host-server only: bash condition polled until true before the guest is let
 #                        go (helpers: host_listening PORT, host_log_has REGEX); default: sleep 1
@@ -86,7 +86,8 @@ scenario kernel-rc-send-reaches-host role=host-server timeout=60 \
 
 # --- softrdma <-> kernel: rc_pingpong (examples/rc_pingpong.rs), SKIP until it is built. ----------
 # Host binary contract: $EX/rc_pingpong takes ibv_rc_pingpong's flags, does its TCP exchange on port
-# 18515 and prints its result lines; it binds its RoCE endpoint to $SOFTRDMA_ADDR (10.77.0.1).
+# 18515 and prints its result lines; it opens the first device, which is tap0 (10.77.0.1): no
+# SOFTRDMA_ADDR, as a user would run it.
 
 # rc_pingpong_pair TAG ARGS: kernel server + softrdma client, then softrdma server + kernel client.
 rc_pingpong_pair() {

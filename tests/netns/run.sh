@@ -49,9 +49,9 @@ run rping "$EX/rping -s -v -S 5000" "$EX/rping -c -a $IPA -C 20 -V -v -S 5000" '
 run cmatose "$EX/cmatose -c 20 -C 50" "$EX/cmatose -s $IPA -c 20 -C 50" '^return status 0'
 run udaddy "$EX/udaddy -c 4 -C 30" "$EX/udaddy -s $IPA -c 4 -C 30" '^return status 0'
 run perftest-write-R "$EX/perftest write -R -n 500 -s 65536" "$EX/perftest write -R -n 500 -s 65536 $IPA" '^ *65536 +500 '
-# rc_pingpong has no rdma_cm: like ibv_rc_pingpong it takes the device it is given (srxe1 is the
-# veth; srxe0 is lo).
-run rc-pingpong "$EX/rc_pingpong -d srxe1 -g 1 -n 200 -s 4096" "$EX/rc_pingpong -d srxe1 -g 1 -n 200 -s 4096 $IPA" '^1638400 bytes in'
+# rc_pingpong has no rdma_cm: like ibv_rc_pingpong it takes the first device, which is the veth
+# (the loopback device is last), as a user would run it: no -d, no SOFTRDMA_ADDR.
+run rc-pingpong "$EX/rc_pingpong -g 1 -n 200 -s 4096" "$EX/rc_pingpong -g 1 -n 200 -s 4096 $IPA" '^1638400 bytes in'
 
 # Several processes sharing one non-loopback address on each side (issue 8): three servers at
 # once in A, their three clients at once in B, plus an rc_pingpong pair; every one must finish.
@@ -60,12 +60,12 @@ shared() {
   ip netns exec "$A" timeout 60 "$EX/rping" -s -v -S 3000 -p 7301 >"$OUT/shared.rping.s.log" 2>&1 & pids+=($!)
   ip netns exec "$A" timeout 60 "$EX/cmatose" -p 7302 -c 4 -C 20 >"$OUT/shared.cmatose.s.log" 2>&1 & pids+=($!)
   ip netns exec "$A" timeout 60 "$EX/udaddy" -p 7303 -c 2 -C 10 >"$OUT/shared.udaddy.s.log" 2>&1 & pids+=($!)
-  ip netns exec "$A" timeout 60 "$EX/rc_pingpong" -d srxe1 -g 1 -p 18600 -n 100 >"$OUT/shared.pp.s.log" 2>&1 & pids+=($!)
+  ip netns exec "$A" timeout 60 "$EX/rc_pingpong" -g 1 -p 18600 -n 100 >"$OUT/shared.pp.s.log" 2>&1 & pids+=($!)
   sleep 0.7
   ip netns exec "$B" timeout 60 "$EX/rping" -c -a $IPA -p 7301 -C 10 -V -v -S 3000 >"$OUT/shared.rping.c.log" 2>&1 & pids+=($!)
   ip netns exec "$B" timeout 60 "$EX/cmatose" -s $IPA -p 7302 -c 4 -C 20 >"$OUT/shared.cmatose.c.log" 2>&1 & pids+=($!)
   ip netns exec "$B" timeout 60 "$EX/udaddy" -s $IPA -p 7303 -c 2 -C 10 >"$OUT/shared.udaddy.c.log" 2>&1 & pids+=($!)
-  ip netns exec "$B" timeout 60 "$EX/rc_pingpong" -d srxe1 -g 1 -p 18600 -n 100 $IPA >"$OUT/shared.pp.c.log" 2>&1 & pids+=($!)
+  ip netns exec "$B" timeout 60 "$EX/rc_pingpong" -g 1 -p 18600 -n 100 $IPA >"$OUT/shared.pp.c.log" 2>&1 & pids+=($!)
   for i in "${pids[@]}"; do wait "$i" || rc=1; done
   grep -q '^ping data: rdma-ping-9: ' "$OUT/shared.rping.c.log" || rc=1
   grep -q '^return status 0' "$OUT/shared.cmatose.c.log" || rc=1
