@@ -87,12 +87,14 @@ struct Opts {
     server: Option<String>,
     /// `-R`: connect with rdma_cm (side channel and test QP).
     rdma_cm: bool,
+    /// `-d`: the device (default: the first, as perftest).
+    ib_dev: Option<String>,
 }
 
 fn usage() {
     println!("Usage: perftest write|read|atomic|send [options] [server]");
     println!("  -p, --port=<port>         TCP port of the exchange (default 18515)");
-    println!("  -d, --ib-dev=<dev>        ignored (the softrdma device is used)");
+    println!("  -d, --ib-dev=<dev>        device (default: the first; without -R)");
     println!("  -i, --ib-port=<port>      port (default 1)");
     println!("  -s, --size=<size>         message size (default 65536; atomics: 8)");
     println!("  -n, --iters=<iters>       iterations (default 5000)");
@@ -146,6 +148,7 @@ fn parse_args() -> Result<Opts, String> {
         atomic: AtomicType::FetchAdd,
         server: None,
         rdma_cm: false,
+        ib_dev: None,
     };
     for arg in getopt::parse(&args[1..], &spec)? {
         let (opt, val) = match arg {
@@ -162,7 +165,8 @@ fn parse_args() -> Result<Opts, String> {
                 .ok_or(format!("bad value {val} for -{opt}"))
         };
         match opt {
-            'F' | 'd' => {}
+            'F' => {}
+            'd' => o.ib_dev = Some(val),
             'h' => {
                 usage();
                 std::process::exit(0);
@@ -270,7 +274,13 @@ fn run(o: Opts) -> Result<(), String> {
         Some(c) => c,
         None => {
             let devices = softrdma::devices().map_err(|e| format!("device list: {e}"))?;
-            let dev = devices.into_iter().next().ok_or("no softrdma device")?;
+            let dev = match &o.ib_dev {
+                None => devices.into_iter().next().ok_or("no softrdma device")?,
+                Some(d) => devices
+                    .into_iter()
+                    .find(|x| x.name() == d)
+                    .ok_or_else(|| format!("IB device {d} not found"))?,
+            };
             dev.open()
                 .map_err(|e| format!("Couldn't get context for {}: {e}", dev.name()))?
         }

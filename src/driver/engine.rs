@@ -2,12 +2,13 @@
 //! timers, and hands their completions to the CQs. Buffers are reused: no allocation per packet.
 
 use std::collections::HashMap;
-use std::io::ErrorKind;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::batch::{RxBatch, TxBatch};
 use super::capture::Capture;
 use super::socket::Io;
 use crate::rdma_cm::core::{CmaCore, ModifyQp};
@@ -22,8 +23,6 @@ use crate::wire::{icrc, Packet, ROCE_V2_PORT};
 
 /// Datagrams handled per receive burst before timers and transmission get a turn.
 const RX_BURST: usize = 64;
-/// Room for the largest packet: 4096 payload + headers + ICRC.
-const BUF_LEN: usize = 4096 + 256;
 /// First QPN handed out within a slot's range, as rxe's first (0 and 1 are the special QPs).
 const FIRST_QPN: u32 = 0x11;
 /// QPNs of one slot: the low 16 bits (the top 8 are the slot, see `driver::share`).
@@ -105,8 +104,8 @@ pub(crate) struct Engine {
     /// This endpoint's slot on its (shared) address: the top byte of its QPNs.
     slot: u8,
     next_qpn: u32,
-    rx: Box<[u8]>,
-    tx: Box<[u8]>,
+    rx: RxBatch,
+    tx: TxBatch,
     dirty: Vec<u32>,
     capture: Option<Capture>,
     pub stats: Stats,
@@ -128,8 +127,8 @@ impl Engine {
             qps: HashMap::new(),
             slot,
             next_qpn: FIRST_QPN,
-            rx: vec![0u8; 65536].into_boxed_slice(),
-            tx: vec![0u8; IPV4_LEN + UDP_LEN + BUF_LEN].into_boxed_slice(),
+            rx: RxBatch::new(),
+            tx: TxBatch::new(),
             dirty: Vec::with_capacity(64),
             capture,
             stats: Stats::default(),
@@ -187,15 +186,19 @@ impl Engine {
         now: Instant,
     ) {
         self.dirty.clear();
-        for _ in 0..RX_BURST {
-            let (n, from) = match io.socket.recv_from(&mut self.rx) {
-                Ok(r) => r,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                // ICMP errors (port unreachable) surface here; the transport's timers handle it.
-                Err(_) => continue,
+        let fd = io.socket.as_raw_fd();
+        let mut received = 0;
+        while received < RX_BURST {
+            // Errors (ICMP port unreachable surfaces here) end the burst; the transport's
+            // timers handle what was lost.
+            let n = match self.rx.recv(fd) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
             };
-            self.on_datagram(n, from, mrs, local, now);
+            for i in 0..n {
+                self.on_datagram(i, mrs, local, now);
+            }
+            received += n;
         }
         for (qpn, slot) in self.qps.iter_mut() {
             if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
@@ -241,20 +244,11 @@ impl Engine {
         self.dirty = dirty;
     }
 
-    fn on_datagram(
-        &mut self,
-        n: usize,
-        from: SocketAddr,
-        mrs: &MrTable,
-        local: Ipv4Addr,
-        now: Instant,
-    ) {
+    /// Datagram `i` of the last receive batch.
+    fn on_datagram(&mut self, i: usize, mrs: &MrTable, local: Ipv4Addr, now: Instant) {
         self.stats.rx_packets += 1;
-        let SocketAddr::V4(from) = from else {
-            self.stats.rx_malformed += 1;
-            return;
-        };
-        let data = &self.rx[..n];
+        let (data, from) = self.rx.get(i);
+        let n = data.len();
         // Lengths no RoCEv2 sender produces are dropped before any CRC (or capture).
         if !possible_len(n) {
             self.stats.rx_bad_length += 1;
@@ -330,19 +324,18 @@ impl Engine {
             return;
         };
         let mem = mrs.for_pd(slot.pd);
-        let (hdr_buf, body) = self.tx.split_at_mut(IPV4_LEN + UDP_LEN);
-        let hdr: &mut [u8; IPV4_LEN + UDP_LEN] = hdr_buf.try_into().expect("28 bytes");
         let mut out = Tx {
-            io,
+            fd: io.socket.as_raw_fd(),
             local,
             capture: &mut self.capture,
             stats: &mut self.stats,
+            batch: &mut self.tx,
         };
         match &mut slot.qp {
             QpTransport::Rc(rc) => {
                 let dst = rc.destination().and_then(|av| ipv4_from_gid(&av.dgid));
-                while let Some(len) = rc.poll_transmit(now, &mem, body) {
-                    out.send(hdr, &mut body[..len], dst);
+                while let Some(len) = rc.poll_transmit(now, &mem, out.buf()) {
+                    out.commit(len, dst);
                 }
                 while let Some(c) = rc.poll_completion() {
                     match c.side {
@@ -353,8 +346,8 @@ impl Engine {
             }
             QpTransport::Ud(ud) => {
                 // Each UD packet goes to the IPv4 address of its own work request's AH.
-                while let Some(t) = ud.poll_transmit(&mem, body) {
-                    out.send(hdr, &mut body[..t.len], ipv4_from_gid(&t.av.dgid));
+                while let Some(t) = ud.poll_transmit(&mem, out.buf()) {
+                    out.commit(t.len, ipv4_from_gid(&t.av.dgid));
                 }
                 while let Some(c) = ud.poll_completion() {
                     match c.wc.side {
@@ -364,6 +357,7 @@ impl Engine {
                 }
             }
         }
+        out.flush();
     }
 }
 
@@ -399,16 +393,21 @@ impl Engine {
     /// Deliver the CM's events (moving QPs as they say) and send its MADs.
     pub fn flush_cma(&mut self, io: &Io, local: Ipv4Addr, now: Instant) {
         self.with_cma(now, |core, modify, now| core.process(now, modify));
-        let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
         let mut out = Tx {
-            io,
+            fd: io.socket.as_raw_fd(),
             local,
             capture: &mut self.capture,
             stats: &mut self.stats,
+            batch: &mut self.tx,
         };
-        while let Some((dst, mut pkt)) = self.cma.poll_transmit() {
-            out.send(&mut hdr, &mut pkt, Some(dst));
+        while let Some((dst, pkt)) = self.cma.poll_transmit() {
+            let Some(buf) = out.buf().get_mut(..pkt.len()) else {
+                continue;
+            };
+            buf.copy_from_slice(&pkt);
+            out.commit(pkt.len(), Some(dst));
         }
+        out.flush();
     }
 }
 
@@ -419,48 +418,45 @@ fn from_peer(rc: &RcQp, src: Ipv4Addr) -> bool {
         .is_some_and(|peer| peer == src)
 }
 
-/// Where [`Engine::flush_qp`] sends: the socket, the capture, the counters.
+/// Where [`Engine::flush_qp`] sends: a batch for the socket, the capture, the counters.
 struct Tx<'a> {
-    io: &'a Io,
+    fd: RawFd,
     local: Ipv4Addr,
     capture: &'a mut Option<Capture>,
     stats: &'a mut Stats,
+    batch: &'a mut TxBatch,
 }
 
 impl Tx<'_> {
-    /// Put the IPv4/UDP header in front of `pkt` (BTH to ICRC), fill the ICRC and send it.
-    fn send(&mut self, hdr: &mut [u8; IPV4_LEN + UDP_LEN], pkt: &mut [u8], dst: Option<Ipv4Addr>) {
+    /// The buffer to build the next packet in (BTH to ICRC); sends the batch first if full.
+    fn buf(&mut self) -> &mut [u8] {
+        if self.batch.is_full() {
+            self.flush();
+        }
+        self.batch.next_buf()
+    }
+
+    /// Queue the `len` bytes built in [`Tx::buf`] for `dst`, behind an IPv4/UDP header as the
+    /// kernel will write it (for the ICRC and the capture).
+    fn commit(&mut self, len: usize, dst: Option<Ipv4Addr>) {
         let Some(dst) = dst else {
             self.stats.tx_dropped += 1;
             return;
         };
-        Ipv4Udp::new(self.local, ROCE_V2_PORT, dst, ROCE_V2_PORT, pkt.len()).emit(hdr);
-        icrc::fill_v4(hdr, pkt);
+        let pkt = &mut self.batch.next_buf()[..len];
+        let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
+        Ipv4Udp::new(self.local, ROCE_V2_PORT, dst, ROCE_V2_PORT, len).emit(&mut hdr);
+        icrc::fill_v4(&hdr, pkt);
         if let Some(c) = self.capture {
-            c.record(hdr, pkt, false);
+            c.record(&hdr, pkt, false);
         }
-        send(
-            self.io,
-            pkt,
-            SocketAddrV4::new(dst, ROCE_V2_PORT),
-            self.stats,
-        );
+        self.batch.push(len, SocketAddrV4::new(dst, ROCE_V2_PORT));
     }
-}
 
-fn send(io: &Io, data: &[u8], to: SocketAddrV4, stats: &mut Stats) {
-    for _ in 0..1000 {
-        match io.socket.send_to(data, to) {
-            Ok(_) => {
-                stats.tx_packets += 1;
-                return;
-            }
-            // A full socket buffer: wait for room rather than lose the packet to a timeout.
-            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            // Unreachable peers and the like: the packet is lost; retransmission handles it.
-            Err(_) => break,
-        }
+    /// Send what is queued (one `sendmmsg` per [`batch::BATCH`] datagrams).
+    fn flush(&mut self) {
+        let r = self.batch.flush(self.fd);
+        self.stats.tx_packets += r.sent;
+        self.stats.tx_dropped += r.dropped;
     }
-    stats.tx_dropped += 1;
 }
