@@ -27,6 +27,15 @@ const RX_BURST: usize = 64;
 const FIRST_QPN: u32 = 0x11;
 /// QPNs of one slot: the low 16 bits (the top 8 are the slot, see `driver::share`).
 const QPN_MASK: u32 = 0xffff;
+
+/// Where a context starts numbering its QPs: at random, so that a slot freed by one context
+/// and taken by another does not hand out the QPN whose old peer may still be retransmitting
+/// to it (rdma_rxe avoids reuse the same way, by counting up across the whole 24 bits).
+fn first_qpn() -> u32 {
+    let mut b = [0u8; 2];
+    let _ = getrandom::getrandom(&mut b);
+    (u16::from_ne_bytes(b) as u32).max(FIRST_QPN)
+}
 /// The GSI QP (QP1): CM MADs. Never an application UD QP.
 const GSI_QPN: u32 = 1;
 
@@ -118,7 +127,13 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub fn new(capture: Option<PathBuf>, local: Ipv4Addr, slot: u8) -> Result<Engine, VerbsError> {
+    /// `gso`: the socket takes `UDP_SEGMENT` (see [`super::batch`]).
+    pub fn new(
+        capture: Option<PathBuf>,
+        local: Ipv4Addr,
+        slot: u8,
+        gso: bool,
+    ) -> Result<Engine, VerbsError> {
         let capture = match capture {
             Some(p) => Some(Capture::open(&p, local)?),
             None => None,
@@ -126,9 +141,9 @@ impl Engine {
         Ok(Engine {
             qps: HashMap::new(),
             slot,
-            next_qpn: FIRST_QPN,
+            next_qpn: first_qpn(),
             rx: RxBatch::new(),
-            tx: TxBatch::new(),
+            tx: TxBatch::new(gso, local),
             dirty: Vec::with_capacity(64),
             capture,
             stats: Stats::default(),
@@ -443,17 +458,28 @@ impl Tx<'_> {
             self.stats.tx_dropped += 1;
             return;
         };
+        let to = SocketAddrV4::new(dst, ROCE_V2_PORT);
+        let pkt = &mut self.batch.next_buf()[..len];
+        let qpn = match pkt.get(5..8) {
+            Some(q) => u32::from_be_bytes([0, q[0], q[1], q[2]]),
+            None => 1,
+        };
+        let id = self.batch.next_id(len, to, qpn);
         let pkt = &mut self.batch.next_buf()[..len];
         let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
-        Ipv4Udp::new(self.local, ROCE_V2_PORT, dst, ROCE_V2_PORT, len).emit(&mut hdr);
+        Ipv4Udp {
+            id,
+            ..Ipv4Udp::new(self.local, ROCE_V2_PORT, dst, ROCE_V2_PORT, len)
+        }
+        .emit(&mut hdr);
         icrc::fill_v4(&hdr, pkt);
         if let Some(c) = self.capture {
             c.record(&hdr, pkt, false);
         }
-        self.batch.push(len, SocketAddrV4::new(dst, ROCE_V2_PORT));
+        self.batch.push(len, to, qpn);
     }
 
-    /// Send what is queued (one `sendmmsg` per [`batch::BATCH`] datagrams).
+    /// Send what is queued (`sendmmsg`, GSO runs).
     fn flush(&mut self) {
         let r = self.batch.flush(self.fd);
         self.stats.tx_packets += r.sent;

@@ -74,15 +74,24 @@ pub(crate) struct Member {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Layout {
     pub members: Vec<Member>,
+    /// Where the search for a free slot starts: slots are handed out round robin, so a slot
+    /// (and its QPNs and CM IDs) is not reused while the old owner's peers may still send.
+    pub next_slot: u8,
 }
 
 impl Layout {
     fn parse(text: &str) -> Layout {
         let mut members = Vec::new();
+        let mut next_slot = 1;
         for line in text.lines() {
             let mut f = line.split_whitespace();
-            if f.next() != Some("m") {
-                continue;
+            match f.next() {
+                Some("m") => {}
+                Some("next") => {
+                    next_slot = f.next().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+                    continue;
+                }
+                _ => continue,
             }
             let (Some(slot), Some(index)) = (
                 f.next().and_then(|s| s.parse::<u8>().ok()),
@@ -95,7 +104,7 @@ impl Layout {
                 members.push(Member { slot, index, ports });
             }
         }
-        Layout { members }
+        Layout { members, next_slot }
     }
 
     fn render(&self) -> String {
@@ -136,6 +145,7 @@ impl Layout {
 /// This context's place in the address's group.
 pub(crate) struct Share {
     pub slot: u8,
+    addr: Ipv4Addr,
     /// The registry, open for this context alone: the OFD lock on byte `slot` says it is alive.
     reg: File,
 }
@@ -200,6 +210,15 @@ impl<'a> Locked<'a> {
     }
 }
 
+impl<'a> Locked<'a> {
+    /// The lock if nobody holds it now (never waits).
+    fn try_new(f: &'a File) -> Option<Locked<'a>> {
+        // SAFETY: flock on our own open file.
+        (unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0)
+            .then_some(Locked(f))
+    }
+}
+
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         // SAFETY: flock on our own open file.
@@ -220,6 +239,43 @@ fn write_layout(f: &File, l: &Layout) -> io::Result<()> {
     f.set_len(0)?;
     f.seek(SeekFrom::Start(0))?;
     f.write_all(l.render().as_bytes())
+}
+
+/// How many UDP sockets of this network namespace are bound to `addr:4791`: the kernel's
+/// size of the group (`/proc/net/udp` lists a socket until it has left its reuseport group).
+fn kernel_group_size(addr: Ipv4Addr) -> Option<usize> {
+    // The address as the kernel prints it: the __be32 read as a host-order u32, in hex.
+    let want = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(addr.octets()),
+        crate::wire::ROCE_V2_PORT
+    );
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    Some(
+        table
+            .lines()
+            .skip(1)
+            .filter(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+            .count(),
+    )
+}
+
+/// How long to wait for the kernel to catch up with the registry (a dead process's socket
+/// that has not left the group yet).
+const SETTLE_WAIT: Duration = Duration::from_millis(500);
+
+/// Wait (holding the registry lock) until the kernel's group has as many sockets as the
+/// registry has members, so that the next bind is appended where the registry says: a
+/// process whose slot lock was seen free may not have had its socket released yet.
+fn settle(addr: Ipv4Addr, members: usize) {
+    settle_for(addr, members, SETTLE_WAIT)
+}
+
+fn settle_for(addr: Ipv4Addr, members: usize, wait: Duration) {
+    let t0 = Instant::now();
+    while kernel_group_size(addr).is_some_and(|n| n != members) && t0.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Remove members whose slot lock is free (their process died), as the kernel removed their
@@ -274,6 +330,7 @@ impl Share {
     /// set, numbered above `reg`): claim a slot, bind (`bind`), record the socket's index and
     /// steer its slot to it.
     pub fn join(
+        addr: Ipv4Addr,
         reg: File,
         sock_fd: RawFd,
         bind: impl FnOnce() -> io::Result<()>,
@@ -282,7 +339,10 @@ impl Share {
         let guard = Locked::new(&reg)?;
         let mut layout = read_layout(&reg)?;
         prune(reg.as_raw_fd(), &mut layout, None);
-        let slot = (1..=MAX_SLOTS as u8)
+        settle(addr, layout.members.len());
+        let start = layout.next_slot.max(1) as usize;
+        let slot = (0..MAX_SLOTS)
+            .map(|k| ((start - 1 + k) % MAX_SLOTS + 1) as u8)
             .filter(|s| !layout.members.iter().any(|m| m.slot == *s))
             .find(|s| {
                 let mut l = slot_lock(libc::F_WRLCK as libc::c_short, *s);
@@ -290,6 +350,11 @@ impl Share {
             })
             .ok_or_else(|| io::Error::from(io::ErrorKind::AddrInUse))?;
         bind()?;
+        layout.next_slot = if slot as usize == MAX_SLOTS {
+            1
+        } else {
+            slot + 1
+        };
         layout.members.push(Member {
             slot,
             index: layout.members.len() as u32,
@@ -299,7 +364,7 @@ impl Share {
         attach(sock_fd, &layout)?;
         drop(guard);
         at_exit::register(reg.as_raw_fd(), sock_fd, slot);
-        Ok(Share { slot, reg })
+        Ok(Share { slot, addr, reg })
     }
 
     /// Leave the group: record the kernel's move, steer for the group without us, then run
@@ -314,6 +379,7 @@ impl Share {
         if guard.is_ok() {
             if let Ok(mut layout) = read_layout(&self.reg) {
                 prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
+                settle(self.addr, layout.members.len());
                 layout.detach(self.slot);
                 let _ = write_layout(&self.reg, &layout);
                 let _ = attach(sock_fd, &layout);
@@ -324,7 +390,9 @@ impl Share {
     }
 
     /// Remove dead members, if any, and steer again (called now and then by the progress
-    /// thread). Cheap when nothing changed: one read and one lock query per member.
+    /// thread). Cheap when nothing changed: one read and one lock query per member. Never
+    /// waits for the registry lock: the progress thread must keep serving its QPs, and whoever
+    /// holds the lock prunes the dead as well.
     pub fn check(&self, sock_fd: RawFd) {
         let Ok(layout) = read_layout(&self.reg) else {
             return;
@@ -337,7 +405,18 @@ impl Share {
         {
             return;
         }
-        let _ = self.update(sock_fd, |_| {});
+        let Some(_guard) = Locked::try_new(&self.reg) else {
+            return;
+        };
+        let Ok(mut layout) = read_layout(&self.reg) else {
+            return;
+        };
+        if prune(fd, &mut layout, Some(self.slot)) {
+            // Only a brief wait here: the socket of a process found dead is normally gone.
+            settle_for(self.addr, layout.members.len(), Duration::from_millis(20));
+            let _ = write_layout(&self.reg, &layout);
+            let _ = attach(sock_fd, &layout);
+        }
     }
 
     /// Change this member's rdma_cm ports under the lock and steer again. Fails with
@@ -366,6 +445,7 @@ impl Share {
         let _guard = Locked::new(&self.reg)?;
         let mut layout = read_layout(&self.reg)?;
         prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
+        settle(self.addr, layout.members.len());
         f(&mut layout);
         write_layout(&self.reg, &layout)?;
         attach(sock_fd, &layout)
@@ -425,17 +505,30 @@ mod at_exit {
         // the highest fds leave their groups first.
         let mut shares = l.shares.clone();
         shares.sort_unstable_by_key(|s| std::cmp::Reverse(s.1));
+        // One flock per registry file (several shares on one address share it), taken on the
+        // file's lowest registry fd: it is kept until the process's files are released, and
+        // that fd, below every socket of those shares, is released after all of them.
         let mut locked: Vec<(u64, u64)> = Vec::new();
-        for (reg, sock, slot) in shares {
+        for &(reg, _, slot) in &shares {
+            let _ = slot;
             let Some(id) = inode(reg) else { continue };
-            // One flock per registry file (several shares on one address share it). It is
-            // kept until the process's files are released, after its sockets.
-            if !locked.contains(&id) {
-                // SAFETY: flock on our own open file.
-                if unsafe { libc::flock(reg, libc::LOCK_EX) } != 0 {
-                    continue;
-                }
+            if locked.contains(&id) {
+                continue;
+            }
+            let lowest = shares
+                .iter()
+                .filter(|s| inode(s.0) == Some(id))
+                .map(|s| s.0)
+                .min()
+                .unwrap_or(reg);
+            // SAFETY: flock on our own open file.
+            if unsafe { libc::flock(lowest, libc::LOCK_EX) } == 0 {
                 locked.push(id);
+            }
+        }
+        for (reg, sock, slot) in shares {
+            if !inode(reg).is_some_and(|id| locked.contains(&id)) {
+                continue;
             }
             // SAFETY: `reg` is the registry fd of a live share (shares unregister before they
             // close it); ManuallyDrop keeps it open.
@@ -491,6 +584,7 @@ mod tests {
     #[test]
     fn detach_moves_the_last_into_the_hole() {
         let mut l = Layout {
+            next_slot: 1,
             members: vec![m(1, 0), m(2, 1), m(3, 2), m(4, 3)],
         };
         l.detach(2);
@@ -505,6 +599,7 @@ mod tests {
     #[test]
     fn layout_round_trips_through_text() {
         let l = Layout {
+            next_slot: 1,
             members: vec![
                 Member {
                     slot: 7,

@@ -14,6 +14,8 @@ use crate::wire::ROCE_V2_PORT;
 pub(crate) struct Io {
     /// Closed by `Drop` while the share's registry is locked (see [`Share::leave`]).
     pub socket: ManuallyDrop<UdpSocket>,
+    /// The socket takes `UDP_SEGMENT`: runs of packets go out as GSO messages.
+    pub gso: bool,
     /// This endpoint's place among the contexts sharing its address; `None` when sharing
     /// could not be set up (the address is then this endpoint's alone).
     share: Option<Share>,
@@ -52,7 +54,7 @@ impl Io {
         if let Ok(reg) = Share::open_registry(a) {
             let s = socket_above(reg.as_raw_fd())?;
             if s.set_reuse_port(true).is_ok() {
-                match Share::join(reg, s.as_raw_fd(), || s.bind(&at.into())) {
+                match Share::join(a, reg, s.as_raw_fd(), || s.bind(&at.into())) {
                     Ok(share) => return Ok((s, Some(share))),
                     Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
                     Err(_) => {}
@@ -105,6 +107,8 @@ impl Io {
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
+        let gso = super::batch::gso_supported(s.as_raw_fd());
+        super::batch::enable_gro(s.as_raw_fd());
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -114,6 +118,7 @@ impl Io {
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Io {
             socket: ManuallyDrop::new(s.into()),
+            gso,
             share,
             wake,
             stop: AtomicBool::new(false),

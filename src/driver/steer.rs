@@ -125,6 +125,7 @@ mod tests {
 
     fn layout() -> Layout {
         Layout {
+            next_slot: 1,
             members: vec![
                 Member {
                     slot: 3,
@@ -190,6 +191,7 @@ mod tests {
     #[test]
     fn a_full_group_fits_the_kernel_limit() {
         let l = Layout {
+            next_slot: 1,
             members: (1..=255u8)
                 .map(|s| Member {
                     slot: s,

@@ -209,7 +209,7 @@ impl Context {
             .pcap
             .clone()
             .or_else(|| std::env::var_os("SOFTRDMA_PCAP").map(Into::into));
-        let engine = Engine::new(pcap, addr, io.slot())?;
+        let engine = Engine::new(pcap, addr, io.slot(), io.gso)?;
         let shared = Arc::new(Shared {
             device,
             addr,
