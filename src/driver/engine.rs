@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::batch::{RxBatch, TxBatch};
 use super::capture::Capture;
+use super::probe;
 use super::socket::Io;
 use crate::rdma_cm::core::{CmaCore, ModifyQp};
 use crate::transport::ud::{net_header_v4, UdQp};
@@ -124,6 +125,10 @@ pub(crate) struct Engine {
     pub cma: CmaCore,
     /// A GSI packet or a CM timer made work for `flush_cma`.
     cma_pending: bool,
+    /// Answers to probes of the shared address's layout, sent after the receive burst.
+    probe_answers: Vec<(SocketAddrV4, [u8; probe::PROBE_LEN])>,
+    /// A datagram for another context's QPN arrived: the steering is stale.
+    misrouted: bool,
 }
 
 impl Engine {
@@ -150,6 +155,8 @@ impl Engine {
             icrc_gate: icrc::IcrcGate::new(),
             cma: CmaCore::new(local, guid_from_ipv4(local), slot),
             cma_pending: false,
+            probe_answers: Vec::with_capacity(8),
+            misrouted: false,
         })
     }
 
@@ -215,6 +222,14 @@ impl Engine {
             }
             received += n;
         }
+        for (to, a) in self.probe_answers.drain(..) {
+            let _ = io.socket.send_to(&a, to);
+        }
+        if std::mem::take(&mut self.misrouted) {
+            io.misrouted
+                .store(true, std::sync::atomic::Ordering::Release);
+            io.wake();
+        }
         for (qpn, slot) in self.qps.iter_mut() {
             if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
                 slot.qp.handle_timeout(now);
@@ -264,6 +279,14 @@ impl Engine {
         self.stats.rx_packets += 1;
         let (data, from) = self.rx.get(i);
         let n = data.len();
+        // A probe of the shared address's layout (`driver::probe`), from a context on it.
+        if let Some((index, nonce)) = probe::parse(data) {
+            if *from.ip() == local && self.probe_answers.len() < self.probe_answers.capacity() {
+                self.probe_answers
+                    .push((from, probe::answer(index, self.slot, nonce)));
+            }
+            return;
+        }
         // Lengths no RoCEv2 sender produces are dropped before any CRC (or capture).
         if !possible_len(n) {
             self.stats.rx_bad_length += 1;
@@ -306,6 +329,11 @@ impl Engine {
         }
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qp += 1;
+            // Another context's QPN (its slot in the top byte) reached this socket.
+            let owner = (qpn >> 16) as u8;
+            if owner != 0 && owner != self.slot {
+                self.misrouted = true;
+            }
             return;
         };
         let mem = mrs.for_pd(slot.pd);

@@ -4,6 +4,7 @@
 pub(crate) mod batch;
 pub(crate) mod capture;
 pub(crate) mod engine;
+pub(crate) mod probe;
 pub(crate) mod progress;
 pub(crate) mod share;
 pub(crate) mod socket;

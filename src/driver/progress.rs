@@ -39,6 +39,12 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
         if io.stopped() {
             return;
         }
+        if io
+            .misrouted
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            io.resync_share();
+        }
         if last_check.elapsed() >= SHARE_CHECK {
             last_check = Instant::now();
             io.check_share();

@@ -27,11 +27,11 @@
 //!   program makes the bind fail with `EADDRINUSE`, reported as such.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Slots per address: the top byte of a QPN (0 is QP0/QP1's).
@@ -111,6 +111,7 @@ impl Layout {
         let mut s = String::from(
             "# softrdma: contexts sharing this address (slot, reuseport index, ports)\n",
         );
+        s.push_str(&format!("next {}\n", self.next_slot));
         for m in &self.members {
             s.push_str(&format!("m {} {}", m.slot, m.index));
             for p in &m.ports {
@@ -146,8 +147,11 @@ impl Layout {
 pub(crate) struct Share {
     pub slot: u8,
     addr: Ipv4Addr,
-    /// The registry, open for this context alone: the OFD lock on byte `slot` says it is alive.
+    /// The registry's lock file, open for this context alone: the OFD lock on byte `slot`
+    /// says it is alive; `flock` on it guards every change.
     reg: File,
+    /// The registry's contents (replaced whole on every change).
+    data: PathBuf,
 }
 
 /// Byte-range lock request on `slot`'s byte.
@@ -226,19 +230,33 @@ impl Drop for Locked<'_> {
     }
 }
 
-fn read_layout(f: &File) -> io::Result<Layout> {
-    let mut f = f;
-    f.seek(SeekFrom::Start(0))?;
-    let mut s = String::new();
-    f.read_to_string(&mut s)?;
-    Ok(Layout::parse(&s))
+fn read_layout(path: &Path) -> io::Result<Layout> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => Ok(Layout::parse(&s)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Layout::default()),
+        Err(e) => Err(e),
+    }
 }
 
-fn write_layout(f: &File, l: &Layout) -> io::Result<()> {
-    let mut f = f;
-    f.set_len(0)?;
-    f.seek(SeekFrom::Start(0))?;
-    f.write_all(l.render().as_bytes())
+/// Replace the registry's contents at once (a new file renamed over the old one): a process
+/// that dies in the middle, as when it exits while a thread is leaving, leaves the old
+/// contents, never a partial file.
+fn write_layout(path: &Path, l: &Layout) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    // SAFETY: gettid has no preconditions.
+    tmp.push(format!(".{}.{}.tmp", std::process::id(), unsafe {
+        libc::gettid()
+    }));
+    let tmp = PathBuf::from(tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(l.render().as_bytes())?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
 
 /// How many UDP sockets of this network namespace are bound to `addr:4791`: the kernel's
@@ -262,7 +280,7 @@ fn kernel_group_size(addr: Ipv4Addr) -> Option<usize> {
 
 /// How long to wait for the kernel to catch up with the registry (a dead process's socket
 /// that has not left the group yet).
-const SETTLE_WAIT: Duration = Duration::from_millis(500);
+const SETTLE_WAIT: Duration = Duration::from_millis(100);
 
 /// Wait (holding the registry lock) until the kernel's group has as many sockets as the
 /// registry has members, so that the next bind is appended where the registry says: a
@@ -323,7 +341,12 @@ impl Share {
             .truncate(false)
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC)
-            .open(dir.join(format!("{}-{addr}", netns_id())))
+            .open(dir.join(format!("{}-{addr}.lock", netns_id())))
+    }
+
+    /// The file holding the registry of `addr` in this network namespace.
+    fn data_path(addr: Ipv4Addr) -> PathBuf {
+        registry_dir().join(format!("{}-{addr}", netns_id()))
     }
 
     /// Join the group of the registry `reg` with `sock_fd` (not yet bound, `SO_REUSEPORT`
@@ -336,8 +359,9 @@ impl Share {
         bind: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<Share> {
         debug_assert!(sock_fd > reg.as_raw_fd());
+        let data = Self::data_path(addr);
         let guard = Locked::new(&reg)?;
-        let mut layout = read_layout(&reg)?;
+        let mut layout = read_layout(&data)?;
         prune(reg.as_raw_fd(), &mut layout, None);
         settle(addr, layout.members.len());
         let start = layout.next_slot.max(1) as usize;
@@ -360,11 +384,16 @@ impl Share {
             index: layout.members.len() as u32,
             ports: Vec::new(),
         });
-        write_layout(&reg, &layout)?;
+        write_layout(&data, &layout)?;
         attach(sock_fd, &layout)?;
         drop(guard);
-        at_exit::register(reg.as_raw_fd(), sock_fd, slot);
-        Ok(Share { slot, addr, reg })
+        at_exit::register(reg.as_raw_fd(), sock_fd, slot, data.clone());
+        Ok(Share {
+            slot,
+            addr,
+            reg,
+            data,
+        })
     }
 
     /// Leave the group: record the kernel's move, steer for the group without us, then run
@@ -377,11 +406,11 @@ impl Share {
         }
         let guard = Locked::new(&self.reg);
         if guard.is_ok() {
-            if let Ok(mut layout) = read_layout(&self.reg) {
+            if let Ok(mut layout) = read_layout(&self.data) {
                 prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
                 settle(self.addr, layout.members.len());
                 layout.detach(self.slot);
-                let _ = write_layout(&self.reg, &layout);
+                let _ = write_layout(&self.data, &layout);
                 let _ = attach(sock_fd, &layout);
             }
         }
@@ -394,7 +423,7 @@ impl Share {
     /// waits for the registry lock: the progress thread must keep serving its QPs, and whoever
     /// holds the lock prunes the dead as well.
     pub fn check(&self, sock_fd: RawFd) {
-        let Ok(layout) = read_layout(&self.reg) else {
+        let Ok(layout) = read_layout(&self.data) else {
             return;
         };
         let fd = self.reg.as_raw_fd();
@@ -408,13 +437,35 @@ impl Share {
         let Some(_guard) = Locked::try_new(&self.reg) else {
             return;
         };
-        let Ok(mut layout) = read_layout(&self.reg) else {
+        let Ok(mut layout) = read_layout(&self.data) else {
             return;
         };
         if prune(fd, &mut layout, Some(self.slot)) {
             // Only a brief wait here: the socket of a process found dead is normally gone.
             settle_for(self.addr, layout.members.len(), Duration::from_millis(20));
-            let _ = write_layout(&self.reg, &layout);
+            let _ = write_layout(&self.data, &layout);
+            let _ = attach(sock_fd, &layout);
+        }
+    }
+
+    /// Read the kernel's layout of the group with probes and steer by it (this context got
+    /// traffic for another one). Never waits for the registry lock. Datagrams that reach this
+    /// socket meanwhile are dropped (RC retransmits them).
+    pub fn resync(&self, sock_fd: RawFd) {
+        let Some(_guard) = Locked::try_new(&self.reg) else {
+            return;
+        };
+        let Ok(mut layout) = read_layout(&self.data) else {
+            return;
+        };
+        prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
+        let Some(n) = kernel_group_size(self.addr) else {
+            return;
+        };
+        if let Ok(true) =
+            super::probe::resync(self.addr, n, Some((sock_fd, self.slot)), &mut layout)
+        {
+            let _ = write_layout(&self.data, &layout);
             let _ = attach(sock_fd, &layout);
         }
     }
@@ -443,11 +494,11 @@ impl Share {
 
     fn update(&self, sock_fd: RawFd, f: impl FnOnce(&mut Layout)) -> io::Result<()> {
         let _guard = Locked::new(&self.reg)?;
-        let mut layout = read_layout(&self.reg)?;
+        let mut layout = read_layout(&self.data)?;
         prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
         settle(self.addr, layout.members.len());
         f(&mut layout);
-        write_layout(&self.reg, &layout)?;
+        write_layout(&self.data, &layout)?;
         attach(sock_fd, &layout)
     }
 }
@@ -457,11 +508,13 @@ mod at_exit {
     use std::os::fd::RawFd;
     use std::sync::{Mutex, Once};
 
-    use super::{attach, prune, read_layout, write_layout, File};
+    use std::path::PathBuf;
+
+    use super::{attach, prune, read_layout, write_layout};
 
     struct Live {
-        /// (registry fd, socket fd, slot) of each share of this process.
-        shares: Vec<(RawFd, RawFd, u8)>,
+        /// (registry lock fd, socket fd, slot, registry file) of each share of this process.
+        shares: Vec<(RawFd, RawFd, u8, PathBuf)>,
         exiting: bool,
     }
 
@@ -475,12 +528,12 @@ mod at_exit {
         LIVE.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn register(reg: RawFd, sock: RawFd, slot: u8) {
+    pub fn register(reg: RawFd, sock: RawFd, slot: u8, data: PathBuf) {
         HANDLER.call_once(|| {
             // SAFETY: registers a plain extern "C" function with no arguments.
             unsafe { libc::atexit(on_exit) };
         });
-        live().shares.push((reg, sock, slot));
+        live().shares.push((reg, sock, slot, data));
     }
 
     /// Forget a share that leaves by itself; false if the exit handler has taken over.
@@ -509,8 +562,8 @@ mod at_exit {
         // file's lowest registry fd: it is kept until the process's files are released, and
         // that fd, below every socket of those shares, is released after all of them.
         let mut locked: Vec<(u64, u64)> = Vec::new();
-        for &(reg, _, slot) in &shares {
-            let _ = slot;
+        for (reg, ..) in &shares {
+            let reg = *reg;
             let Some(id) = inode(reg) else { continue };
             if locked.contains(&id) {
                 continue;
@@ -526,19 +579,14 @@ mod at_exit {
                 locked.push(id);
             }
         }
-        for (reg, sock, slot) in shares {
+        for (reg, sock, slot, data) in shares {
             if !inode(reg).is_some_and(|id| locked.contains(&id)) {
                 continue;
             }
-            // SAFETY: `reg` is the registry fd of a live share (shares unregister before they
-            // close it); ManuallyDrop keeps it open.
-            let f = std::mem::ManuallyDrop::new(unsafe {
-                <File as std::os::fd::FromRawFd>::from_raw_fd(reg)
-            });
-            if let Ok(mut layout) = read_layout(&f) {
+            if let Ok(mut layout) = read_layout(&data) {
                 prune(reg, &mut layout, Some(slot));
                 layout.detach(slot);
-                let _ = write_layout(&f, &layout);
+                let _ = write_layout(&data, &layout);
                 let _ = attach(sock, &layout);
             }
         }
@@ -614,5 +662,70 @@ mod tests {
         assert_eq!(l.port_owner(1), None);
         // Garbage lines are skipped.
         assert_eq!(Layout::parse("m x y\nm 0 1\nzz\n").members, vec![]);
+    }
+}
+
+#[cfg(test)]
+mod stress {
+    use super::super::socket::Io;
+    use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    /// Join, check that a datagram for our slot reaches our socket, leave; many times, from
+    /// several threads (run this in several processes at once).
+    #[test]
+    #[ignore = "stress: run by hand in several processes"]
+    fn join_check_leave() {
+        let threads: Vec<_> = (0..6)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+                    let mut bad = 0;
+                    for i in 0..200 {
+                        let io = Io::bind(Ipv4Addr::LOCALHOST, true).unwrap();
+                        let slot = io.slot();
+                        let mut pkt = [0u8; 64];
+                        pkt[0] = 0x04;
+                        pkt[5] = slot;
+                        pkt[6] = t as u8;
+                        pkt[7] = i as u8;
+                        tx.send_to(&pkt, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4791))
+                            .unwrap();
+                        let t0 = Instant::now();
+                        let mut got = false;
+                        let mut buf = [0u8; 128];
+                        while t0.elapsed() < Duration::from_millis(300) {
+                            // SAFETY: test code.
+                            let n = unsafe {
+                                libc::recv(
+                                    io.socket.as_raw_fd(),
+                                    buf.as_mut_ptr() as *mut _,
+                                    128,
+                                    libc::MSG_DONTWAIT,
+                                )
+                            };
+                            if n == 64 && buf[5] == slot && buf[6] == t as u8 && buf[7] == i as u8 {
+                                got = true;
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                        if !got {
+                            bad += 1;
+                            eprintln!(
+                                "MISS pid {} thread {t} iter {i} slot {slot}",
+                                std::process::id()
+                            );
+                        }
+                        std::thread::sleep(Duration::from_millis((i % 5) as u64));
+                        drop(io);
+                    }
+                    bad
+                })
+            })
+            .collect();
+        let bad: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(bad, 0);
     }
 }

@@ -21,7 +21,13 @@ pub(crate) struct Io {
     share: Option<Share>,
     wake: OwnedFd,
     stop: AtomicBool,
+    /// Set by the engine when traffic for another context arrived (see `resync_share`).
+    pub misrouted: AtomicBool,
+    last_resync: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// Shortest time between two resyncs of the shared address's layout.
+const RESYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl Io {
     /// Bind `addr:4791`, shared with every other context of this user on that address (see
@@ -54,11 +60,12 @@ impl Io {
         if let Ok(reg) = Share::open_registry(a) {
             let s = socket_above(reg.as_raw_fd())?;
             if s.set_reuse_port(true).is_ok() {
-                match Share::join(a, reg, s.as_raw_fd(), || s.bind(&at.into())) {
-                    Ok(share) => return Ok((s, Some(share))),
-                    Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
-                    Err(_) => {}
-                }
+                // A registry that exists but fails (a lock held too long, say) is an error:
+                // binding alone would lock every other sharer out of the address.
+                return match Share::join(a, reg, s.as_raw_fd(), || s.bind(&at.into())) {
+                    Ok(share) => Ok((s, Some(share))),
+                    Err(e) => Err(e),
+                };
             }
         }
         let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
@@ -76,6 +83,20 @@ impl Io {
         if let Some(s) = &self.share {
             s.check(self.socket.as_raw_fd());
         }
+    }
+
+    /// Traffic for another context reached this socket: read the group's layout again (at most
+    /// every [`RESYNC_EVERY`]).
+    pub fn resync_share(&self) {
+        let Some(s) = &self.share else { return };
+        let now = std::time::Instant::now();
+        let mut last = self.last_resync.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| now.duration_since(t) < RESYNC_EVERY) {
+            return;
+        }
+        *last = Some(now);
+        drop(last);
+        s.resync(self.socket.as_raw_fd());
     }
 
     /// Steer REQs and SIDR_REQs for rdma_cm `port` to this endpoint (`listening`) or stop.
@@ -122,6 +143,8 @@ impl Io {
             share,
             wake,
             stop: AtomicBool::new(false),
+            misrouted: AtomicBool::new(false),
+            last_resync: std::sync::Mutex::new(None),
         })
     }
 

@@ -9,15 +9,18 @@
 //!   message the top byte of the remote communication ID (ours, echoed by the peer).
 //!
 //! The program returns the owner's index in the reuseport group, or an index past the end
-//! when there is none, which makes the kernel choose a socket by hash.
+//! when there is none, which makes the kernel choose a socket by hash. A probe
+//! ([`super::probe`]) goes to the index it names.
 
 use super::share::Layout;
 
+const LD_W_ABS: u16 = 0x20;
 const LD_B_ABS: u16 = 0x30;
 const LD_H_ABS: u16 = 0x28;
 const JEQ_K: u16 = 0x15;
 const JA: u16 = 0x05;
 const RET_K: u16 = 0x06;
+const RET_A: u16 = 0x16;
 
 /// No owner: past the end of any group, so the kernel falls back to its hash.
 pub(crate) const MISS: u32 = u32::MAX;
@@ -52,8 +55,21 @@ fn table(out: &mut Vec<libc::sock_filter>, entries: impl Iterator<Item = (u32, u
     out.push(ins(RET_K, 0, 0, MISS));
 }
 
-/// The program for `layout` (at most 3 + 2 x (2 x 255 + ports) instructions).
+/// The program for `layout` (at most 16 + 2 x (2 x 255 + ports) instructions).
 pub(crate) fn program(layout: &Layout) -> Vec<libc::sock_filter> {
+    // Probes first: `ld [0]; jeq #PROBE_MAGIC; ldh [4]; ret A`.
+    let mut p = vec![
+        ins(LD_W_ABS, 0, 0, 0),
+        ins(JEQ_K, 0, 2, super::probe::PROBE_MAGIC),
+        ins(LD_H_ABS, 0, 0, 4),
+        ins(RET_A, 0, 0, 0),
+    ];
+    p.extend(steering(layout));
+    p
+}
+
+/// The program's steering part (jumps are relative, so it can follow the probe check).
+fn steering(layout: &Layout) -> Vec<libc::sock_filter> {
     let mut ports = Vec::new();
     table(
         &mut ports,
@@ -107,6 +123,11 @@ mod tests {
             let i = prog[pc];
             pc += 1;
             match i.code {
+                LD_W_ABS => match pkt.get(i.k as usize..i.k as usize + 4) {
+                    Some(b) => a = u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+                    None => return 0,
+                },
+                RET_A => return a,
                 LD_B_ABS => match pkt.get(i.k as usize) {
                     Some(b) => a = *b as u32,
                     None => return 0,
@@ -185,6 +206,17 @@ mod tests {
                 "{attr:#x}"
             );
             assert_eq!(run(&prog, &gsi(attr, &[(4, &[77, 1, 2, 3])])), MISS);
+        }
+    }
+
+    #[test]
+    fn probes_go_to_the_index_they_name() {
+        let prog = program(&layout());
+        let mut p = vec![0u8; 16];
+        p[..4].copy_from_slice(&super::super::probe::PROBE_MAGIC.to_be_bytes());
+        for i in [0u16, 1, 7, 300] {
+            p[4..6].copy_from_slice(&i.to_be_bytes());
+            assert_eq!(run(&prog, &p), i as u32);
         }
     }
 

@@ -1,0 +1,175 @@
+//! Probes that read the kernel's reuseport array of a shared address (see [`super::share`]).
+//!
+//! The steering program sends a probe datagram to the socket at the index the probe names;
+//! whichever context owns that socket answers with its slot. Probing every index of the group
+//! gives its exact layout, whatever happened before (contexts killed at the same moment, a
+//! process that exited while another joined): [`resync`] does it when a context joins, and
+//! when a context receives traffic meant for another one.
+//!
+//! A probe is 16 bytes: `ff 'S' 'R' 'P'`, the index (u16, big-endian), two zero bytes, and a
+//! nonce (u64). The answer is `ff 'S' 'R' 'R'`, the index, the slot, a zero byte and the
+//! nonce. No RoCE packet starts with opcode 0xff, and probes are answered only when they come
+//! from the context's own address.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use super::share::Layout;
+
+pub(crate) const PROBE_LEN: usize = 16;
+/// The probe's first word, which the steering program matches.
+pub(crate) const PROBE_MAGIC: u32 = 0xff53_5250; // ff 'S' 'R' 'P'
+const REPLY_MAGIC: u32 = 0xff53_5252; // ff 'S' 'R' 'R'
+/// How long a resync waits for every context to answer.
+const ANSWER_WAIT: Duration = Duration::from_millis(200);
+
+/// The index and nonce of a probe datagram, if `data` is one.
+pub(crate) fn parse(data: &[u8]) -> Option<(u16, u64)> {
+    if data.len() != PROBE_LEN || data[..4] != PROBE_MAGIC.to_be_bytes() {
+        return None;
+    }
+    let index = u16::from_be_bytes([data[4], data[5]]);
+    let nonce = u64::from_be_bytes(data[8..16].try_into().ok()?);
+    Some((index, nonce))
+}
+
+/// The answer of the context with `slot` to a probe.
+pub(crate) fn answer(index: u16, slot: u8, nonce: u64) -> [u8; PROBE_LEN] {
+    let mut b = [0u8; PROBE_LEN];
+    b[..4].copy_from_slice(&REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&index.to_be_bytes());
+    b[6] = slot;
+    b[8..].copy_from_slice(&nonce.to_be_bytes());
+    b
+}
+
+fn probe(index: u16, nonce: u64) -> [u8; PROBE_LEN] {
+    let mut b = [0u8; PROBE_LEN];
+    b[..4].copy_from_slice(&PROBE_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&index.to_be_bytes());
+    b[8..].copy_from_slice(&nonce.to_be_bytes());
+    b
+}
+
+/// Read the group of `addr` (`n` sockets) with probes and set every member's index in
+/// `layout` to what the kernel has. `own` is the caller's socket in the group, whose probe
+/// is answered here (its engine may not run meanwhile). Returns false, leaving `layout` alone, unless every
+/// index answered with a slot the registry knows, each once.
+pub(crate) fn resync(
+    addr: Ipv4Addr,
+    n: usize,
+    own: Option<(RawFd, u8)>,
+    layout: &mut Layout,
+) -> io::Result<bool> {
+    let s = UdpSocket::bind(SocketAddrV4::new(addr, 0))?;
+    s.set_nonblocking(true)?;
+    let mut nonce = [0u8; 8];
+    let _ = getrandom::getrandom(&mut nonce);
+    let nonce = u64::from_ne_bytes(nonce);
+    let to = SocketAddrV4::new(addr, crate::wire::ROCE_V2_PORT);
+    for i in 0..n {
+        s.send_to(&probe(i as u16, nonce), to)?;
+    }
+    let mut found: Vec<Option<u8>> = vec![None; n];
+    let t0 = Instant::now();
+    let mut buf = [0u8; 64];
+    while found.iter().any(Option::is_none) && t0.elapsed() < ANSWER_WAIT {
+        let mut idle = true;
+        while let Ok((len, _)) = s.recv_from(&mut buf) {
+            idle = false;
+            let b = &buf[..len];
+            if len == PROBE_LEN
+                && b[..4] == REPLY_MAGIC.to_be_bytes()
+                && b[8..16] == nonce.to_be_bytes()
+            {
+                let i = u16::from_be_bytes([b[4], b[5]]) as usize;
+                if let Some(f) = found.get_mut(i) {
+                    *f = Some(b[6]);
+                }
+            }
+        }
+        if let Some((fd, slot)) = own {
+            // Our own probe, if it is at the head of our socket's queue (anything else there
+            // is left for the engine).
+            let recv = |flags, b: &mut [u8; 64]| {
+                // SAFETY: recv into a live buffer of ours.
+                unsafe {
+                    libc::recv(
+                        fd,
+                        b.as_mut_ptr() as *mut libc::c_void,
+                        b.len(),
+                        libc::MSG_DONTWAIT | flags,
+                    )
+                }
+            };
+            let len = recv(libc::MSG_PEEK, &mut buf);
+            if len > 0 {
+                if let Some((i, nc)) = parse(&buf[..len as usize]) {
+                    recv(0, &mut buf);
+                    idle = false;
+                    if nc == nonce {
+                        if let Some(f) = found.get_mut(i as usize) {
+                            *f = Some(slot);
+                        }
+                    }
+                }
+            }
+        }
+        if idle {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    // One socket silent (its context is busy leaving, say) and one member unaccounted for:
+    // that is the one.
+    let missing: Vec<usize> = (0..n).filter(|i| found[*i].is_none()).collect();
+    if let [i] = missing[..] {
+        let unaccounted: Vec<u8> = layout
+            .members
+            .iter()
+            .map(|m| m.slot)
+            .filter(|s| !found.contains(&Some(*s)))
+            .collect();
+        if let [s] = unaccounted[..] {
+            found[i] = Some(s);
+        }
+    }
+    let mut slots: Vec<u8> = found.iter().flatten().copied().collect();
+    if slots.len() != n {
+        return Ok(false);
+    }
+    slots.sort_unstable();
+    slots.dedup();
+    if slots.len() != n
+        || !slots
+            .iter()
+            .all(|s| layout.members.iter().any(|m| m.slot == *s))
+    {
+        return Ok(false);
+    }
+    layout.members.retain(|m| slots.contains(&m.slot));
+    for m in &mut layout.members {
+        if let Some(i) = found.iter().position(|f| *f == Some(m.slot)) {
+            m.index = i as u32;
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_and_answer_round_trip() {
+        let p = probe(7, 0x1122_3344_5566_7788);
+        assert_eq!(parse(&p), Some((7, 0x1122_3344_5566_7788)));
+        assert_eq!(parse(&p[..15]), None);
+        let a = answer(7, 42, 9);
+        assert_eq!(parse(&a), None, "an answer is no probe");
+        assert_eq!((a[6], u16::from_be_bytes([a[4], a[5]])), (42, 7));
+        // No RoCE packet is a probe: opcode 0xff is not an IBA opcode.
+        assert!(crate::wire::Opcode(0xff).info().is_none());
+    }
+}
