@@ -6,6 +6,14 @@
 //! SOFTRDMA_BENCH_DEV=srxe1 cargo bench --bench twoproc   # another device (or: -- --dev srxe1)
 //! SOFTRDMA_BENCH_SECS=2 cargo bench --bench twoproc      # seconds per throughput item (3)
 //! SOFTRDMA_BENCH_EXTRA=0 cargo bench --bench twoproc     # skip the scaling items
+//! SOFTRDMA_BENCH_ONLY=bw-write,lat-udp cargo bench --bench twoproc   # only these items
+//! ```
+//!
+//! Item keys: bw-write, bw-write-poll, bw-read, bw-read-poll, bw-send, udp-plain, udp-mmsg,
+//! udp-gso, lat-send, lat-write, lat-read, lat-atomic, lat-read-sleep, lat-atomic-sleep,
+//! lat-udp, scale.
+//!
+//! ```text
 //! ```
 //!
 //! The benchmark re-executes its own binary as the second process (the "server", selected by
@@ -39,6 +47,7 @@ const ROLE_ENV: &str = "SOFTRDMA_TWOPROC_ROLE";
 const DEV_ENV: &str = "SOFTRDMA_BENCH_DEV";
 const SECS_ENV: &str = "SOFTRDMA_BENCH_SECS";
 const EXTRA_ENV: &str = "SOFTRDMA_BENCH_EXTRA";
+const ONLY_ENV: &str = "SOFTRDMA_BENCH_ONLY";
 
 /// Message size of the throughput items, and the MR size of every endpoint.
 const BW_LEN: usize = 64 << 10;
@@ -963,6 +972,14 @@ fn print_bw(name: &str, b: &Bw) {
     println!("  {name:<46} {:>9.0}   {}", b.mbs, b.note);
 }
 
+/// `SOFTRDMA_BENCH_ONLY=bw-write,lat-udp,...`: run only these items (for profiling one).
+fn wanted(key: &str) -> bool {
+    match std::env::var(ONLY_ENV) {
+        Ok(list) => list.split(',').any(|k| k.trim() == key),
+        Err(_) => true,
+    }
+}
+
 fn client_main() {
     let dev = pick_device();
     let mut b = Bench {
@@ -989,51 +1006,116 @@ fn client_main() {
         b.bw_time
     );
     println!("  {:<46} {:>9}", "", "MB/s");
-    let write = b.bw_rc("write", "sleep", 1);
-    print_bw("RC WRITE (server asleep)", &write);
-    let write_p = b.bw_rc("write", "poll", 1);
-    print_bw("RC WRITE (server busy-polls its CQ)", &write_p);
-    let read = b.bw_rc("read", "sleep", 1);
-    print_bw("RC READ (server asleep)", &read);
-    let read_p = b.bw_rc("read", "poll", 1);
-    print_bw("RC READ (server busy-polls its CQ)", &read_p);
-    let send = b.bw_rc("send", "sink", 1);
-    print_bw("RC SEND (server polls and re-posts)", &send);
+    let bw = |b: &mut Bench, key: &str, name: &str, f: fn(&mut Bench) -> Bw| {
+        wanted(key).then(|| {
+            let r = f(b);
+            print_bw(name, &r);
+            r.mbs
+        })
+    };
+    let write = bw(&mut b, "bw-write", "RC WRITE (server asleep)", |b| {
+        b.bw_rc("write", "sleep", 1)
+    });
+    bw(
+        &mut b,
+        "bw-write-poll",
+        "RC WRITE (server busy-polls its CQ)",
+        |b| b.bw_rc("write", "poll", 1),
+    );
+    let read = bw(&mut b, "bw-read", "RC READ (server asleep)", |b| {
+        b.bw_rc("read", "sleep", 1)
+    });
+    bw(
+        &mut b,
+        "bw-read-poll",
+        "RC READ (server busy-polls its CQ)",
+        |b| b.bw_rc("read", "poll", 1),
+    );
+    let send = bw(
+        &mut b,
+        "bw-send",
+        "RC SEND (server polls and re-posts)",
+        |b| b.bw_rc("send", "sink", 1),
+    );
     let udp = [
-        ("raw UDP send/recv, 4 KiB datagrams", b.bw_udp("plain")),
-        ("raw UDP sendmmsg/recvmmsg, 16 x 4 KiB", b.bw_udp("mmsg")),
-        ("raw UDP GSO 15 x 4 KiB + GRO", b.bw_udp("gso")),
+        bw(
+            &mut b,
+            "udp-plain",
+            "raw UDP send/recv, 4 KiB datagrams",
+            |b| b.bw_udp("plain"),
+        )
+        .map(|v| ("send/recv", v)),
+        bw(
+            &mut b,
+            "udp-mmsg",
+            "raw UDP sendmmsg/recvmmsg, 16 x 4 KiB",
+            |b| b.bw_udp("mmsg"),
+        )
+        .map(|v| ("sendmmsg/recvmmsg", v)),
+        bw(&mut b, "udp-gso", "raw UDP GSO 15 x 4 KiB + GRO", |b| {
+            b.bw_udp("gso")
+        })
+        .map(|v| ("GSO+GRO", v)),
     ];
-    for (name, r) in &udp {
-        print_bw(name, r);
-    }
-    let (best_name, best) = udp
+    let best = udp
         .iter()
-        .map(|(n, r)| (*n, r.mbs))
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .unwrap();
+        .flatten()
+        .copied()
+        .max_by(|a, b| a.1.total_cmp(&b.1));
 
     println!(
         "\nlatency, up to {LAT_ITERS} iterations after {LAT_WARMUP} warm-up (round trips; \
          perftest's *_lat print half of a ping-pong)"
     );
     println!("  {:<46} {:>9} {:>9}", "", "median µs", "p99 µs");
-    let l_send = b.lat_send();
-    print_lat("RC SEND/RECV ping-pong, 8 B", &l_send);
-    let l_write = b.lat_write();
-    print_lat("RC WRITE ping-pong, 2 B (ib_write_lat style)", &l_write);
-    let l_read = b.lat_one_sided(false, "poll");
-    print_lat("RC READ, 8 B (server busy-polls)", &l_read);
-    let l_atomic = b.lat_one_sided(true, "poll");
-    print_lat("RC fetch-and-add, 8 B (server busy-polls)", &l_atomic);
-    let l_read_s = b.lat_one_sided(false, "sleep");
-    print_lat("RC READ, 8 B (server asleep)", &l_read_s);
-    let l_atomic_s = b.lat_one_sided(true, "sleep");
-    print_lat("RC fetch-and-add, 8 B (server asleep)", &l_atomic_s);
-    let l_udp = b.lat_udp();
-    print_lat("raw UDP ping-pong, 8 B, busy-polled", &l_udp);
+    let lt = |b: &mut Bench, key: &str, name: &str, f: fn(&mut Bench) -> Lat| {
+        wanted(key).then(|| {
+            let r = f(b);
+            print_lat(name, &r);
+            r.median
+        })
+    };
+    let l_send = lt(&mut b, "lat-send", "RC SEND/RECV ping-pong, 8 B", |b| {
+        b.lat_send()
+    });
+    let l_write = lt(
+        &mut b,
+        "lat-write",
+        "RC WRITE ping-pong, 2 B (ib_write_lat style)",
+        |b| b.lat_write(),
+    );
+    let l_read = lt(
+        &mut b,
+        "lat-read",
+        "RC READ, 8 B (server busy-polls)",
+        |b| b.lat_one_sided(false, "poll"),
+    );
+    let l_atomic = lt(
+        &mut b,
+        "lat-atomic",
+        "RC fetch-and-add, 8 B (server busy-polls)",
+        |b| b.lat_one_sided(true, "poll"),
+    );
+    let l_read_s = lt(
+        &mut b,
+        "lat-read-sleep",
+        "RC READ, 8 B (server asleep)",
+        |b| b.lat_one_sided(false, "sleep"),
+    );
+    let l_atomic_s = lt(
+        &mut b,
+        "lat-atomic-sleep",
+        "RC fetch-and-add, 8 B (server asleep)",
+        |b| b.lat_one_sided(true, "sleep"),
+    );
+    let l_udp = lt(
+        &mut b,
+        "lat-udp",
+        "raw UDP ping-pong, 8 B, busy-polled",
+        |b| b.lat_udp(),
+    );
 
-    if extra {
+    if extra && wanted("scale") {
         println!("\nscaling, RC WRITE 64 KiB, {BW_DEPTH} outstanding in all, server asleep");
         println!("  {:<46} {:>9}", "", "MB/s");
         let one = b.bw_rc("write", "sleep", 1);
@@ -1052,66 +1134,57 @@ fn client_main() {
         );
     }
 
-    println!("\ntargets (issue 8); baseline: best raw UDP = {best_name}, {best:.0} MB/s; raw UDP ping-pong median {:.1} µs", l_udp.median);
+    println!(
+        "\ntargets (issue 8); baselines: best raw UDP throughput ({}), busy-polled raw UDP \
+         ping-pong median",
+        best.map_or("-", |b| b.0)
+    );
     println!(
         "  {:<40} {:>10} {:>10} {:>7} {:>8}  met",
         "", "softrdma", "baseline", "ratio", "target"
     );
-    let row = |name: &str, v: f64, base: f64, higher: bool, target: f64| {
+    let best = best.map(|b| b.1);
+    let row = |name: &str, v: Option<f64>, base: Option<f64>, higher: bool, target: f64| {
+        let t = format!("{}{target:.2}", if higher { ">=" } else { "<=" });
+        let (Some(v), Some(base)) = (v, base) else {
+            println!("  {name:<40} {:>10} {:>10} {:>7} {t:>8}  -", "-", "-", "-");
+            return;
+        };
         let ratio = v / base;
         let met = if higher {
             ratio >= target
         } else {
             ratio <= target
         };
-        let t = format!("{}{target:.2}", if higher { ">=" } else { "<=" });
         println!(
             "  {name:<40} {v:>10.1} {base:>10.1} {ratio:>7.2} {t:>8}  {}",
             if met { "yes" } else { "NO" }
         );
     };
-    row("WRITE MB/s (server asleep)", write.mbs, best, true, 0.70);
-    row("READ MB/s (server asleep)", read.mbs, best, true, 0.70);
-    row("SEND MB/s", send.mbs, best, true, 0.70);
-    row(
-        "SEND/RECV ping-pong µs",
-        l_send.median,
-        l_udp.median,
-        false,
-        1.3,
-    );
-    row(
-        "WRITE ping-pong µs",
-        l_write.median,
-        l_udp.median,
-        false,
-        1.3,
-    );
-    row(
-        "READ µs (server busy-polls)",
-        l_read.median,
-        l_udp.median,
-        false,
-        2.0,
-    );
+    row("WRITE MB/s (server asleep)", write, best, true, 0.70);
+    row("READ MB/s (server asleep)", read, best, true, 0.70);
+    row("SEND MB/s", send, best, true, 0.70);
+    row("SEND/RECV ping-pong µs", l_send, l_udp, false, 1.3);
+    row("WRITE ping-pong µs", l_write, l_udp, false, 1.3);
+    row("READ µs (server busy-polls)", l_read, l_udp, false, 2.0);
     row(
         "fetch-and-add µs (server busy-polls)",
-        l_atomic.median,
-        l_udp.median,
+        l_atomic,
+        l_udp,
         false,
         2.0,
     );
     row(
         "READ µs, passive side (asleep)",
-        l_read_s.median,
-        l_udp.median,
+        l_read_s,
+        l_udp,
         false,
         2.0,
     );
     row(
         "fetch-and-add µs, passive side (asleep)",
-        l_atomic_s.median,
-        l_udp.median,
+        l_atomic_s,
+        l_udp,
         false,
         2.0,
     );
