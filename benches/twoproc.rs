@@ -7,6 +7,7 @@
 //! SOFTRDMA_BENCH_SECS=2 cargo bench --bench twoproc      # seconds per throughput item (3)
 //! SOFTRDMA_BENCH_EXTRA=0 cargo bench --bench twoproc     # skip the scaling items
 //! SOFTRDMA_BENCH_ONLY=bw-write,lat-udp cargo bench --bench twoproc   # only these items
+//! SOFTRDMA_BENCH_NETNS=0 cargo bench --bench twoproc     # stay in the host's namespace
 //! ```
 //!
 //! Item keys: bw-write, bw-write-poll, bw-read, bw-read-poll, bw-send, udp-plain, udp-mmsg,
@@ -22,6 +23,11 @@
 //! swap QPNs, GID, address and rkey; start a behaviour (sleep, busy-poll, receive and re-post,
 //! echo, ...); end it. Every RC item gets a fresh connected pair. Both processes open the same
 //! device (they share its address, as processes share a device of rdma_rxe).
+//!
+//! On the loopback device, when it may (as root), the benchmark first moves into a private
+//! network namespace with only `lo` up: every process of the host that uses softrdma on
+//! 127.0.0.1 shares one UDP 4791 reuseport group, and test suites running meanwhile (other
+//! builds, crash tests) would otherwise join the benchmark's group.
 //!
 //! Nothing is asserted: this is a benchmark, not a test. Every item is bounded in time.
 
@@ -48,6 +54,7 @@ const DEV_ENV: &str = "SOFTRDMA_BENCH_DEV";
 const SECS_ENV: &str = "SOFTRDMA_BENCH_SECS";
 const EXTRA_ENV: &str = "SOFTRDMA_BENCH_EXTRA";
 const ONLY_ENV: &str = "SOFTRDMA_BENCH_ONLY";
+const NETNS_ENV: &str = "SOFTRDMA_BENCH_NETNS";
 
 /// Message size of the throughput items, and the MR size of every endpoint.
 const BW_LEN: usize = 64 << 10;
@@ -980,7 +987,37 @@ fn wanted(key: &str) -> bool {
     }
 }
 
+/// Move into a new network namespace with `lo` up (as root, loopback device only).
+fn private_netns() -> Result<(), String> {
+    let chosen = std::env::var(DEV_ENV).is_ok() || std::env::args().any(|a| a == "--dev");
+    if chosen || std::env::var(NETNS_ENV).is_ok_and(|v| v == "0") {
+        return Err("a device was chosen or SOFTRDMA_BENCH_NETNS=0".into());
+    }
+    // SAFETY: unshare has no memory-safety preconditions; no other thread exists yet.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(format!("unshare: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: plain socket/ioctl calls on a zeroed ifreq naming "lo"; results are checked.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+            *d = *s as libc::c_char;
+        }
+        let ok = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) == 0 && {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) == 0
+        };
+        libc::close(fd);
+        if !ok {
+            return Err(format!("lo up: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
 fn client_main() {
+    let ns = private_netns();
     let dev = pick_device();
     let mut b = Bench {
         srv: Server::spawn(),
@@ -999,6 +1036,10 @@ fn client_main() {
         thread::available_parallelism().map_or(0, |n| n.get()),
         b.srv.child.id()
     );
+    match ns {
+        Ok(()) => println!("private network namespace (only lo)"),
+        Err(e) => println!("host network namespace ({e})"),
+    }
     let extra = std::env::var(EXTRA_ENV).map_or(true, |v| v != "0");
 
     println!(
