@@ -43,8 +43,6 @@ pub use rtu::ReadyToUse;
 pub use service_id::PortSpace;
 pub use sidr::{SidrReply, SidrRequest};
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 /// Why a CM MAD (or a piece of one) could not be parsed or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CmWireError {
@@ -190,15 +188,10 @@ impl CmMad {
     }
 }
 
-/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`, as RoCEv2 uses for IPv4), if it is one.
-pub fn gid_to_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
-    Ipv6Addr::from(*gid).to_ipv4_mapped()
-}
-
 /// The IPv4-mapped GID of an IPv4 address.
-pub fn ipv4_to_gid(ip: Ipv4Addr) -> [u8; 16] {
-    ip.to_ipv6_mapped().octets()
-}
+pub use crate::wire::gid::gid_from_ipv4 as ipv4_to_gid;
+/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`, as RoCEv2 uses for IPv4), if it is one.
+pub use crate::wire::gid::ipv4_from_gid as gid_to_ipv4;
 
 /// Fixed-offset big-endian accessors over the 232-byte CM data area. All offsets used are
 /// constants inside the array, so none of these can go out of bounds.

@@ -16,12 +16,13 @@
 //! then drain [`UdQp::poll_transmit`] and [`UdQp::poll_completion`]. UD has no timers.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv4Addr;
 
 use crate::transport::memory::MemoryAccess;
 use crate::transport::modify::check_transition;
 use crate::transport::rc::{PostError, QpError};
 use crate::transport::types::*;
+use crate::wire::gid::gid_from_ipv4;
 use crate::wire::{bth, deth::GSI_QKEY, Bth, Deth, Kind, Opcode, Packet, Psn, Service};
 
 /// Length of the GRH area at the front of every UD receive buffer.
@@ -78,9 +79,7 @@ impl NetHeader {
     /// The sender's GID (IPv4-mapped for IPv4).
     pub fn src_gid(&self) -> [u8; 16] {
         match self {
-            NetHeader::V4(h) => Ipv4Addr::new(h[12], h[13], h[14], h[15])
-                .to_ipv6_mapped()
-                .octets(),
+            NetHeader::V4(h) => gid_from_ipv4(Ipv4Addr::new(h[12], h[13], h[14], h[15])),
             NetHeader::V6(h) => {
                 let mut g = [0u8; 16];
                 g.copy_from_slice(&h[8..24]);
@@ -717,11 +716,4 @@ fn scatter(mem: &dyn MemoryAccess, sges: &[Sge], parts: &[&[u8]]) -> Result<(), 
     Ok(())
 }
 
-/// The IPv6 address of a GID, for building the network header of a packet to send.
-pub fn gid_to_ip(gid: &[u8; 16]) -> std::net::IpAddr {
-    let a = Ipv6Addr::from(*gid);
-    match a.to_ipv4_mapped() {
-        Some(v4) => std::net::IpAddr::V4(v4),
-        None => std::net::IpAddr::V6(a),
-    }
-}
+pub use crate::wire::gid::gid_to_ip;

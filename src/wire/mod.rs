@@ -10,6 +10,7 @@ pub mod atomic_eth;
 pub mod bth;
 pub mod deth;
 pub mod ethernet;
+pub mod gid;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
