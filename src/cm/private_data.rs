@@ -68,7 +68,7 @@ impl<const N: usize> PrivateData<N> {
     }
 
     pub(crate) fn read(d: &[u8], at: usize) -> Self {
-        PrivateData(super::be::arr(d, at))
+        PrivateData(super::be::arr(&d[at..]))
     }
 
     pub(crate) fn write(&self, d: &mut [u8], at: usize) {
@@ -143,9 +143,9 @@ impl CmaHdr {
             cma_version: buf[0],
             ip_version: buf[1] >> 4,
             rsvd: buf[1] & 0x0f,
-            src_port: super::be::u16(buf, 2),
-            src_addr: super::be::arr(buf, 4),
-            dst_addr: super::be::arr(buf, 20),
+            src_port: super::be::u16(&buf[2..]),
+            src_addr: super::be::arr(&buf[4..]),
+            dst_addr: super::be::arr(&buf[20..]),
         };
         Ok((h, &buf[CMA_HDR_LEN..]))
     }
@@ -160,7 +160,7 @@ impl CmaHdr {
         }
         buf[0] = self.cma_version;
         buf[1] = (self.ip_version << 4) | (self.rsvd & 0x0f);
-        super::be::put_u16(buf, 2, self.src_port);
+        super::be::put_u16(&mut buf[2..], self.src_port);
         buf[4..20].copy_from_slice(&self.src_addr);
         buf[20..36].copy_from_slice(&self.dst_addr);
         Ok(())
