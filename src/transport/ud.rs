@@ -639,23 +639,12 @@ impl UdQp {
 }
 
 fn send_wc(w: &SendWqe, status: WcStatus) -> Completion {
-    Completion {
-        wr_id: w.wr_id,
-        status,
-        opcode: WcOpcode::Send,
-        byte_len: if status == WcStatus::Success {
-            w.length() as u32
-        } else {
-            0
-        },
-        imm_data: None,
-        qp_num: 0,
-        src_qp: 0,
-        solicited: false,
-        side: CqSide::Send,
-        vendor_err: 0,
-        grh: None,
-    }
+    let byte_len = if status == WcStatus::Success {
+        w.length() as u32
+    } else {
+        0
+    };
+    Completion::send(w.wr_id, status, WcOpcode::Send, byte_len)
 }
 
 fn recv_wc(
@@ -666,19 +655,15 @@ fn recv_wc(
     src_qp: u32,
     solicited: bool,
 ) -> Completion {
-    Completion {
+    Completion::recv(
         wr_id,
         status,
-        opcode: WcOpcode::Recv,
+        WcOpcode::Recv,
         byte_len,
-        imm_data: imm,
-        qp_num: 0,
+        imm,
         src_qp,
         solicited,
-        side: CqSide::Recv,
-        vendor_err: 0,
-        grh: None,
-    }
+    )
 }
 
 fn gather(mem: &dyn MemoryAccess, sges: &[Sge], out: &mut [u8]) -> Result<(), ()> {

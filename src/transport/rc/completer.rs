@@ -321,23 +321,17 @@ pub(crate) fn complete(
     if status == WcStatus::Success && !(e.signaled || sig_all) {
         return;
     }
-    out(Completion {
-        wr_id: e.wqe.wr_id,
+    let byte_len = if status == WcStatus::Success {
+        e.len
+    } else {
+        0
+    };
+    out(Completion::send(
+        e.wqe.wr_id,
         status,
-        opcode: e.wc_opcode(),
-        byte_len: if status == WcStatus::Success {
-            e.len
-        } else {
-            0
-        },
-        imm_data: None,
-        qp_num: 0,
-        src_qp: 0,
-        solicited: false,
-        side: CqSide::Send,
-        vendor_err: 0,
-        grh: None,
-    });
+        e.wc_opcode(),
+        byte_len,
+    ));
 }
 
 #[cfg(test)]

@@ -651,19 +651,15 @@ impl RcQp {
 }
 
 fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
-    Completion {
+    Completion::recv(
         wr_id,
-        status: WcStatus::WrFlushErr,
-        opcode: WcOpcode::Recv,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
+        WcStatus::WrFlushErr,
+        WcOpcode::Recv,
+        0,
+        None,
         src_qp,
-        solicited: false,
-        side: CqSide::Recv,
-        vendor_err: 0,
-        grh: None,
-    }
+        false,
+    )
 }
 
 /// The completions of this QP not yet polled, with per-side counts (they still occupy their work

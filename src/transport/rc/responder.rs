@@ -182,19 +182,7 @@ impl Responder {
         imm: Option<u32>,
         solicited: bool,
     ) -> Completion {
-        Completion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm_data: imm,
-            qp_num: 0,
-            src_qp: p.dest_qpn,
-            solicited,
-            side: CqSide::Recv,
-            vendor_err: 0,
-            grh: None,
-        }
+        Completion::recv(wr_id, status, opcode, byte_len, imm, p.dest_qpn, solicited)
     }
 
     /// A request-kind packet for this QP, with the QP in RTR, RTS or SQD.
