@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
-use crate::transport::memory::MemoryAccess;
+use crate::transport::memory::{gather_all, scatter, MemoryAccess};
 use crate::transport::modify::check_transition;
 use crate::transport::rc::{PostError, QpError};
 use crate::transport::types::*;
@@ -519,7 +519,9 @@ impl UdQp {
             return;
         }
         let grh = net.grh_area();
-        if let Err(_e) = scatter(mem, &wqe.sg_list, &[&grh, pkt.payload]) {
+        let written = scatter(&wqe.sg_list, 0, &grh, mem)
+            .and_then(|()| scatter(&wqe.sg_list, GRH_LEN, pkt.payload, mem));
+        if let Err(_e) = written {
             self.push(
                 recv_wc(
                     wqe.wr_id,
@@ -598,7 +600,7 @@ impl UdQp {
         let len = payload.len();
         if p.wqe.flags.inline {
             payload.copy_from_slice(&p.wqe.inline_data);
-        } else if gather(mem, &p.wqe.sg_list, payload).is_err() {
+        } else if gather_all(&p.wqe.sg_list, payload, mem).is_err() {
             return Err(EmitFail::Gather);
         }
         let (opcode, imm) = match p.wqe.op {
@@ -664,41 +666,6 @@ fn recv_wc(
         src_qp,
         solicited,
     )
-}
-
-fn gather(mem: &dyn MemoryAccess, sges: &[Sge], out: &mut [u8]) -> Result<(), ()> {
-    let mut at = 0;
-    for s in sges {
-        let n = s.length as usize;
-        mem.local_read(s.lkey, s.addr, &mut out[at..at + n])
-            .map_err(|_| ())?;
-        at += n;
-    }
-    Ok(())
-}
-
-/// Write the concatenation of `parts` across `sges` (the caller checked it fits).
-fn scatter(mem: &dyn MemoryAccess, sges: &[Sge], parts: &[&[u8]]) -> Result<(), ()> {
-    let mut si = 0;
-    let mut off = 0usize;
-    for part in parts {
-        let mut p: &[u8] = part;
-        while !p.is_empty() {
-            let s = sges.get(si).ok_or(())?;
-            let room = s.length as usize - off;
-            if room == 0 {
-                si += 1;
-                off = 0;
-                continue;
-            }
-            let n = room.min(p.len());
-            mem.local_write(s.lkey, s.addr + off as u64, &p[..n])
-                .map_err(|_| ())?;
-            off += n;
-            p = &p[n..];
-        }
-    }
-    Ok(())
 }
 
 pub use crate::wire::gid::gid_to_ip;

@@ -2,11 +2,11 @@
 //! WQEs in order and produces their completions; keeps the retry and RNR retry counters. It
 //! never touches timers or QP state itself: it returns a [`CompAction`] for the QP to carry out.
 
-use crate::transport::memory::MemoryAccess;
+use crate::transport::memory::{scatter, MemoryAccess};
 use crate::transport::types::*;
 use crate::wire::{Kind, NakCode, Packet, Psn, Syndrome};
 
-use super::requester::{scatter, Requester, SendEntry};
+use super::requester::{Requester, SendEntry};
 
 /// What the QP must do after the completer handled a packet or a timeout.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -4,14 +4,14 @@
 
 use std::collections::VecDeque;
 
-use crate::transport::memory::{MemError, MemoryAccess};
+use crate::transport::memory::{scatter, MemError, MemoryAccess};
 use crate::transport::types::*;
 use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
     Aeth, AtomicAckEth, Bth, Kind, NakCode, Opcode, Packet, Position, Psn, Syndrome,
 };
 
-use super::requester::{npkts_for, scatter};
+use super::requester::npkts_for;
 
 /// Most responses queued behind each other before duplicate requests are dropped instead of
 /// answered (bounds memory under hostile traffic).
