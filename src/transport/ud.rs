@@ -19,7 +19,8 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use crate::transport::memory::{gather_all, scatter, MemoryAccess};
-use crate::transport::modify::check_transition;
+use crate::transport::modify::{attr_mask, attr_names, check_transition};
+use crate::transport::modify::{CUR_STATE, PKEY, PORT, QKEY, SQ_DRAINING, SQ_PSN};
 use crate::transport::rc::{PostError, QpError};
 use crate::transport::types::*;
 use crate::wire::gid::gid_from_ipv4;
@@ -150,13 +151,6 @@ impl UdCompletion {
     }
 }
 
-// Attribute mask bits (our own order, as in the RC QP).
-const CUR_STATE: u32 = 1 << 0;
-const QKEY: u32 = 1 << 1;
-const SQ_PSN: u32 = 1 << 2;
-const PKEY: u32 = 1 << 3;
-const PORT: u32 = 1 << 4;
-
 /// Required and optional attributes of a UD transition (IBA 11.2.4.2 / the kernel's
 /// `qp_state_table` for `IB_QPT_UD`); `None` if the transition is not allowed.
 fn transition(from: QpState, to: QpState) -> Option<(u32, u32)> {
@@ -194,28 +188,9 @@ fn ud_mask(a: &QpAttr) -> Result<u32, QpError> {
     if let Some((_, n)) = bad.iter().find(|(p, _)| *p) {
         return Err(QpError::UnexpectedAttr(n));
     }
-    let mut m = 0;
-    for (p, bit) in [
-        (a.cur_qp_state.is_some(), CUR_STATE),
-        (a.qkey.is_some(), QKEY),
-        (a.sq_psn.is_some(), SQ_PSN),
-        (a.pkey_index.is_some(), PKEY),
-        (a.port_num.is_some(), PORT),
-    ] {
-        if p {
-            m |= bit;
-        }
-    }
-    Ok(m)
+    // The others UD has; `sq_draining` is not looked at.
+    Ok(attr_mask(a) & !SQ_DRAINING)
 }
-
-const NAMES: [(u32, &str); 5] = [
-    (CUR_STATE, "cur_qp_state"),
-    (QKEY, "qkey"),
-    (SQ_PSN, "sq_psn"),
-    (PKEY, "pkey_index"),
-    (PORT, "port_num"),
-];
 
 /// Why [`UdQp::emit_send`] produced no packet.
 enum EmitFail {
@@ -310,7 +285,7 @@ impl UdQp {
     /// RTR→RTS needs `sq_psn`; `qkey` may change in most states.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), QpError> {
         let cur = self.state;
-        let next = check_transition(cur, attr, transition, ud_mask(attr)?, NAMES.iter().copied())?;
+        let next = check_transition(cur, attr, transition, ud_mask(attr)?, attr_names())?;
         if attr.port_num.is_some_and(|p| p != 1) {
             return Err(QpError::BadAttr("port_num"));
         }
