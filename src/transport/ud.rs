@@ -21,7 +21,7 @@ use std::net::Ipv4Addr;
 use crate::transport::memory::{gather_all, scatter, MemoryAccess};
 use crate::transport::modify::{attr_mask, attr_names, check_transition};
 use crate::transport::modify::{CUR_STATE, PKEY, PORT, QKEY, SQ_DRAINING, SQ_PSN};
-use crate::transport::rc::{PostError, QpError};
+use crate::transport::rc::{check_send_lists, PostError, QpError};
 use crate::transport::types::*;
 use crate::wire::gid::gid_from_ipv4;
 use crate::wire::{bth, deth::GSI_QKEY, Bth, Deth, Kind, Opcode, Packet, Psn, Service};
@@ -385,19 +385,7 @@ impl UdQp {
         if !matches!(wqe.op, SendOp::Send | SendOp::SendWithImm { .. }) {
             return Err(PostError::UnsupportedOp);
         }
-        if wqe.flags.inline {
-            if wqe.inline_data.len() > self.caps.max_inline_data as usize {
-                return Err(PostError::InlineTooLong {
-                    got: wqe.inline_data.len(),
-                    max: self.caps.max_inline_data,
-                });
-            }
-        } else if wqe.sg_list.len() > self.caps.max_send_sge as usize {
-            return Err(PostError::TooManySge {
-                got: wqe.sg_list.len(),
-                max: self.caps.max_send_sge,
-            });
-        }
+        check_send_lists(&wqe, &self.caps)?;
         let len = wqe.length();
         if len > self.mtu.bytes() as u64 {
             return Err(PostError::MessageTooLong(len));

@@ -332,22 +332,10 @@ impl RcQp {
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
         );
-        if wqe.flags.inline {
-            if rd_atomic {
-                return Err(PostError::UnsupportedOp);
-            }
-            if wqe.inline_data.len() > self.caps.max_inline_data as usize {
-                return Err(PostError::InlineTooLong {
-                    got: wqe.inline_data.len(),
-                    max: self.caps.max_inline_data,
-                });
-            }
-        } else if wqe.sg_list.len() > self.caps.max_send_sge as usize {
-            return Err(PostError::TooManySge {
-                got: wqe.sg_list.len(),
-                max: self.caps.max_send_sge,
-            });
+        if wqe.flags.inline && rd_atomic {
+            return Err(PostError::UnsupportedOp);
         }
+        check_send_lists(&wqe, &self.caps)?;
         let len = wqe.length();
         if len > MAX_MSG_LEN {
             return Err(PostError::MessageTooLong(len));
@@ -585,6 +573,24 @@ impl RcQp {
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.cq.pop()
     }
+}
+
+/// A send WR's inline data or gather list against the QP's caps (RC and UD).
+pub(crate) fn check_send_lists(wqe: &SendWqe, caps: &QpCaps) -> Result<(), PostError> {
+    if wqe.flags.inline {
+        if wqe.inline_data.len() > caps.max_inline_data as usize {
+            return Err(PostError::InlineTooLong {
+                got: wqe.inline_data.len(),
+                max: caps.max_inline_data,
+            });
+        }
+    } else if wqe.sg_list.len() > caps.max_send_sge as usize {
+        return Err(PostError::TooManySge {
+            got: wqe.sg_list.len(),
+            max: caps.max_send_sge,
+        });
+    }
+    Ok(())
 }
 
 fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
