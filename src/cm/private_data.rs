@@ -67,6 +67,19 @@ impl<const N: usize> PrivateData<N> {
         Ok(p)
     }
 
+    /// The private data rdma_cm sends: the CMA header, if any, then `user` (the caller checked
+    /// that both fit).
+    pub(crate) fn with_cma(cma: Option<&CmaHdr>, user: &[u8]) -> Result<Self, CmWireError> {
+        let mut data = [0u8; N];
+        let mut at = 0;
+        if let Some(h) = cma {
+            h.emit(&mut data)?;
+            at = CMA_HDR_LEN;
+        }
+        data[at..at + user.len()].copy_from_slice(user);
+        Ok(PrivateData(data))
+    }
+
     pub(crate) fn read(d: &[u8], at: usize) -> Self {
         PrivateData(super::be::arr(&d[at..]))
     }

@@ -26,13 +26,9 @@ impl CmManager {
         if p.max_cm_retries > 15 || p.cm_response_timeout > 31 || p.packet_life_time > 30 {
             return Err(CmError::BadParam("CM timeouts"));
         }
-        let mut data = [0u8; req::PRIVATE_DATA_LEN];
-        let mut at = 0;
-        if let Some(h) = &p.cma {
-            h.emit(&mut data).map_err(|_| CmError::BadParam("cma"))?;
-            at = CMA_HDR_LEN;
-        }
-        data[at..at + p.private_data.len()].copy_from_slice(&p.private_data);
+        let data =
+            PrivateData::<{ req::PRIVATE_DATA_LEN }>::with_cma(p.cma.as_ref(), &p.private_data)
+                .map_err(|_| CmError::BadParam("cma"))?;
         let id = self.new_comm_id();
         let tid = linux_tid(self.cfg.hi_tid, id);
         let ack_timeout = p.packet_life_time + 1;
@@ -67,7 +63,7 @@ impl CmManager {
             max_cm_retries: p.max_cm_retries,
             srq: p.srq,
             primary_path: path,
-            private_data: PrivateData(data),
+            private_data: data,
             ..Default::default()
         };
         let timeout = iba_time(p.packet_life_time) * 2 + iba_time(p.cm_response_timeout);
