@@ -100,9 +100,17 @@ impl CmManager {
         if !matches!(c.state, ConnState::RepSent | ConnState::MraRepRcvd) {
             return Err(CmError::InvalidState(c.state));
         }
+        let info = Self::establish_passive(c, Vec::new());
+        self.events.push_back(CmEvent::Established { id, info });
+        Ok(())
+    }
+
+    /// REP_SENT (or MRA_REP_RCVD) to ESTABLISHED: what the passive side reports. The REP's
+    /// values are the consumer's own, so only the peer's IDs and `private_data` are filled in.
+    fn establish_passive(c: &mut Conn, private_data: Vec<u8>) -> EstablishedInfo {
         c.state = ConnState::Established;
         c.retry = None;
-        let info = EstablishedInfo {
+        EstablishedInfo {
             remote_comm_id: c.remote_comm_id,
             remote_qpn: c.remote_qpn,
             remote_psn: 0,
@@ -110,10 +118,8 @@ impl CmManager {
             initiator_depth: 0,
             rnr_retry_count: 0,
             srq: false,
-            private_data: Vec::new(),
-        };
-        self.events.push_back(CmEvent::Established { id, info });
-        Ok(())
+            private_data,
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -289,18 +295,7 @@ impl CmManager {
         if !c.passive || !matches!(c.state, ConnState::RepSent | ConnState::MraRepRcvd) {
             return false;
         }
-        c.state = ConnState::Established;
-        c.retry = None;
-        let info = EstablishedInfo {
-            remote_comm_id: c.remote_comm_id,
-            remote_qpn: c.remote_qpn,
-            remote_psn: 0,
-            responder_resources: 0,
-            initiator_depth: 0,
-            rnr_retry_count: 0,
-            srq: false,
-            private_data: r.private_data.0.to_vec(),
-        };
+        let info = Self::establish_passive(c, r.private_data.0.to_vec());
         self.events.push_back(CmEvent::Established {
             id: CmId(r.remote_comm_id),
             info,
