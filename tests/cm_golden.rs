@@ -9,6 +9,7 @@ use softrdma::cm::service_id::{self, PortSpace};
 use softrdma::cm::*;
 use softrdma::wire::deth::GSI_QKEY;
 use softrdma::wire::ipv4::Ipv4Udp;
+use softrdma::wire::pcap::{PcapSlice, LINKTYPE_ETHERNET};
 use softrdma::wire::{Kind, Opcode, Packet, Service, ROCE_V2_PORT};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 
@@ -22,7 +23,7 @@ const GUID_A: u64 = 0x5054_00ff_fe00_000a;
 const GUID_B: u64 = 0x5054_00ff_fe00_000b;
 
 // ---------------------------------------------------------------------------------------------
-// A minimal pcap reader (classic format, Ethernet link type).
+// The RoCEv2 packets of a capture (classic pcap, Ethernet link type).
 
 /// One RoCEv2 packet from a capture.
 struct Frame {
@@ -36,30 +37,16 @@ struct Frame {
 
 fn read_pcap(path: &str) -> Vec<Frame> {
     let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    assert!(raw.len() >= 24, "{path}: no pcap header");
-    let magic = u32::from_le_bytes(raw[0..4].try_into().unwrap());
-    let le = match magic {
-        0xa1b2_c3d4 | 0xa1b2_3c4d => true,
-        0xd4c3_b2a1 | 0x4d3c_b2a1 => false,
-        m => panic!("{path}: not a pcap file (magic {m:#x})"),
-    };
-    let rd32 = |b: &[u8]| {
-        let a: [u8; 4] = b[..4].try_into().unwrap();
-        if le {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        }
-    };
-    assert_eq!(rd32(&raw[20..24]), 1, "{path}: link type is not Ethernet");
+    let pcap = PcapSlice::new(&raw).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(
+        pcap.header().linktype,
+        LINKTYPE_ETHERNET,
+        "{path}: link type is not Ethernet"
+    );
     let mut out = Vec::new();
-    let mut at = 24;
-    let mut no = 0;
-    while at + 16 <= raw.len() {
-        let incl = rd32(&raw[at + 8..at + 12]) as usize;
-        let rec = &raw[at + 16..(at + 16 + incl).min(raw.len())];
-        at += 16 + incl;
-        no += 1;
+    for (i, rec) in pcap.enumerate() {
+        let rec = rec.unwrap_or_else(|e| panic!("{path}: {e}")).data;
+        let no = i + 1;
         if rec.len() < 14 || rec[12..14] != [0x08, 0x00] {
             continue;
         }

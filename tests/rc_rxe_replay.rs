@@ -7,22 +7,20 @@ use std::time::Instant;
 
 use softrdma::transport::sim::*;
 use softrdma::transport::*;
+use softrdma::wire::pcap::PcapSlice;
 use softrdma::wire::{Kind, Packet, Syndrome};
 
 /// (source IPv4 last byte, destination IPv4 last byte, UDP payload) of every RoCEv2 packet.
 fn roce_packets(path: &str) -> Vec<(u8, u8, Vec<u8>)> {
     let d = std::fs::read(path).unwrap();
-    assert_eq!(
-        &d[..4],
-        &0xa1b2c3d4u32.to_le_bytes(),
+    let pcap = PcapSlice::new(&d).unwrap();
+    assert!(
+        !pcap.header().big_endian && !pcap.header().nanos,
         "little-endian microsecond pcap"
     );
     let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= d.len() {
-        let incl = u32::from_le_bytes(d[off + 8..off + 12].try_into().unwrap()) as usize;
-        let f = &d[off + 16..off + 16 + incl];
-        off += 16 + incl;
+    for rec in pcap {
+        let f = rec.unwrap().data;
         if f.len() < 14 + 20 + 8 || f[12..14] != [0x08, 0x00] {
             continue;
         }

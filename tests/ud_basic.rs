@@ -6,6 +6,7 @@ use softrdma::transport::ud::*;
 use softrdma::transport::*;
 use softrdma::wire::deth::GSI_QKEY;
 use softrdma::wire::ipv4::Ipv4Udp;
+use softrdma::wire::pcap::PcapSlice;
 use softrdma::wire::{Opcode, Packet, ROCE_V2_PORT};
 use std::net::Ipv4Addr;
 
@@ -394,12 +395,9 @@ fn ipv6_header_fills_the_whole_grh_area() {
 #[test]
 fn captured_ud_pingpong_packets_are_received() {
     let raw = std::fs::read("tests/data/rxe-basic.pcap").unwrap();
-    let mut at = 24;
     let mut seen = 0;
-    while at + 16 <= raw.len() {
-        let incl = u32::from_le_bytes(raw[at + 8..at + 12].try_into().unwrap()) as usize;
-        let rec = &raw[at + 16..(at + 16 + incl).min(raw.len())];
-        at += 16 + incl;
+    for rec in PcapSlice::new(&raw).unwrap() {
+        let rec = rec.unwrap().data;
         if rec.len() < 14 + 28 || rec[12..14] != [0x08, 0x00] {
             continue;
         }

@@ -156,7 +156,7 @@ impl UdEnd {
 }
 
 fn ipv4_of(gid: [u8; 16]) -> [u8; 4] {
-    gid[12..].try_into().unwrap()
+    softrdma::verbs::ipv4_from_gid(&gid).unwrap().octets()
 }
 
 #[test]

@@ -48,11 +48,11 @@ impl AlternatePathResponse {
         let (hdr, d) = mad::split(buf, mad::attr::APR)?;
         Ok(AlternatePathResponse {
             hdr,
-            local_comm_id: be::u32(d, 0),
-            remote_comm_id: be::u32(d, 4),
+            local_comm_id: be::u32(d),
+            remote_comm_id: be::u32(&d[4..]),
             additional_info_length: d[8],
             ap_status: d[9],
-            rsvd10: be::u16(d, 10),
+            rsvd10: be::u16(&d[10..]),
             additional_info: PrivateData::read(d, 12),
             private_data: PrivateData::read(d, 84),
         })
@@ -60,11 +60,11 @@ impl AlternatePathResponse {
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::APR, buf);
-        be::put_u32(d, 0, self.local_comm_id);
-        be::put_u32(d, 4, self.remote_comm_id);
+        be::put_u32(d, self.local_comm_id);
+        be::put_u32(&mut d[4..], self.remote_comm_id);
         d[8] = self.additional_info_length;
         d[9] = self.ap_status;
-        be::put_u16(d, 10, self.rsvd10);
+        be::put_u16(&mut d[10..], self.rsvd10);
         self.additional_info.write(d, 12);
         self.private_data.write(d, 84);
     }

@@ -22,16 +22,16 @@ impl DisconnectReply {
         let (hdr, d) = mad::split(buf, mad::attr::DREP)?;
         Ok(DisconnectReply {
             hdr,
-            local_comm_id: be::u32(d, 0),
-            remote_comm_id: be::u32(d, 4),
+            local_comm_id: be::u32(d),
+            remote_comm_id: be::u32(&d[4..]),
             private_data: PrivateData::read(d, 8),
         })
     }
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::DREP, buf);
-        be::put_u32(d, 0, self.local_comm_id);
-        be::put_u32(d, 4, self.remote_comm_id);
+        be::put_u32(d, self.local_comm_id);
+        be::put_u32(&mut d[4..], self.remote_comm_id);
         self.private_data.write(d, 8);
     }
 }

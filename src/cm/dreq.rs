@@ -26,9 +26,9 @@ impl DisconnectRequest {
         let (hdr, d) = mad::split(buf, mad::attr::DREQ)?;
         Ok(DisconnectRequest {
             hdr,
-            local_comm_id: be::u32(d, 0),
-            remote_comm_id: be::u32(d, 4),
-            remote_qpn_eecn: be::u24(d, 8),
+            local_comm_id: be::u32(d),
+            remote_comm_id: be::u32(&d[4..]),
+            remote_qpn_eecn: be::u24(&d[8..]),
             rsvd11: d[11],
             private_data: PrivateData::read(d, 12),
         })
@@ -36,9 +36,9 @@ impl DisconnectRequest {
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::DREQ, buf);
-        be::put_u32(d, 0, self.local_comm_id);
-        be::put_u32(d, 4, self.remote_comm_id);
-        be::put_u24(d, 8, self.remote_qpn_eecn);
+        be::put_u32(d, self.local_comm_id);
+        be::put_u32(&mut d[4..], self.remote_comm_id);
+        be::put_u24(&mut d[8..], self.remote_qpn_eecn);
         d[11] = self.rsvd11;
         self.private_data.write(d, 12);
     }

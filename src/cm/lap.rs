@@ -55,20 +55,20 @@ pub struct LoadAlternatePath {
 impl LoadAlternatePath {
     pub fn parse(buf: &[u8]) -> Result<Self, CmWireError> {
         let (hdr, d) = mad::split(buf, mad::attr::LAP)?;
-        let fl = be::u32(d, 56);
+        let fl = be::u32(&d[56..]);
         Ok(LoadAlternatePath {
             hdr,
-            local_comm_id: be::u32(d, 0),
-            remote_comm_id: be::u32(d, 4),
-            rsvd8: be::u32(d, 8),
-            remote_qpn_eecn: be::u24(d, 12),
+            local_comm_id: be::u32(d),
+            remote_comm_id: be::u32(&d[4..]),
+            rsvd8: be::u32(&d[8..]),
+            remote_qpn_eecn: be::u24(&d[12..]),
             remote_cm_response_timeout: d[15] >> 3,
             rsvd15: d[15] & 0x07,
-            rsvd16: be::u32(d, 16),
-            alt_local_lid: be::u16(d, 20),
-            alt_remote_lid: be::u16(d, 22),
-            alt_local_gid: be::arr(d, 24),
-            alt_remote_gid: be::arr(d, 40),
+            rsvd16: be::u32(&d[16..]),
+            alt_local_lid: be::u16(&d[20..]),
+            alt_remote_lid: be::u16(&d[22..]),
+            alt_local_gid: be::arr(&d[24..]),
+            alt_remote_gid: be::arr(&d[40..]),
             alt_flow_label: fl >> 12,
             rsvd58: ((fl >> 8) & 0x0f) as u8,
             alt_traffic_class: d[59],
@@ -86,20 +86,20 @@ impl LoadAlternatePath {
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::LAP, buf);
-        be::put_u32(d, 0, self.local_comm_id);
-        be::put_u32(d, 4, self.remote_comm_id);
-        be::put_u32(d, 8, self.rsvd8);
-        be::put_u24(d, 12, self.remote_qpn_eecn);
+        be::put_u32(d, self.local_comm_id);
+        be::put_u32(&mut d[4..], self.remote_comm_id);
+        be::put_u32(&mut d[8..], self.rsvd8);
+        be::put_u24(&mut d[12..], self.remote_qpn_eecn);
         d[15] = (self.remote_cm_response_timeout & 0x1f) << 3 | (self.rsvd15 & 0x07);
-        be::put_u32(d, 16, self.rsvd16);
-        be::put_u16(d, 20, self.alt_local_lid);
-        be::put_u16(d, 22, self.alt_remote_lid);
+        be::put_u32(&mut d[16..], self.rsvd16);
+        be::put_u16(&mut d[20..], self.alt_local_lid);
+        be::put_u16(&mut d[22..], self.alt_remote_lid);
         d[24..40].copy_from_slice(&self.alt_local_gid);
         d[40..56].copy_from_slice(&self.alt_remote_gid);
         let fl = (self.alt_flow_label & mask(20)) << 12
             | (self.rsvd58 as u32 & 0x0f) << 8
             | self.alt_traffic_class as u32;
-        be::put_u32(d, 56, fl);
+        be::put_u32(&mut d[56..], fl);
         d[60] = self.alt_hop_limit;
         d[61] = (self.rsvd61 & 0x03) << 6 | (self.alt_packet_rate & 0x3f);
         d[62] =

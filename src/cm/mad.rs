@@ -91,12 +91,12 @@ impl MadHdr {
             mgmt_class: buf[1],
             class_version: buf[2],
             method: buf[3],
-            status: be::u16(buf, 4),
-            class_specific: be::u16(buf, 6),
-            tid: be::u64(buf, 8),
-            attr_id: be::u16(buf, 16),
-            resv: be::u16(buf, 18),
-            attr_mod: be::u32(buf, 20),
+            status: be::u16(&buf[4..]),
+            class_specific: be::u16(&buf[6..]),
+            tid: be::u64(&buf[8..]),
+            attr_id: be::u16(&buf[16..]),
+            resv: be::u16(&buf[18..]),
+            attr_mod: be::u32(&buf[20..]),
         };
         if h.base_version != BASE_VERSION {
             return Err(CmWireError::BadBaseVersion(h.base_version));
@@ -113,12 +113,12 @@ impl MadHdr {
         buf[1] = self.mgmt_class;
         buf[2] = self.class_version;
         buf[3] = self.method;
-        be::put_u16(buf, 4, self.status);
-        be::put_u16(buf, 6, self.class_specific);
-        be::put_u64(buf, 8, self.tid);
-        be::put_u16(buf, 16, self.attr_id);
-        be::put_u16(buf, 18, self.resv);
-        be::put_u32(buf, 20, self.attr_mod);
+        be::put_u16(&mut buf[4..], self.status);
+        be::put_u16(&mut buf[6..], self.class_specific);
+        be::put_u64(&mut buf[8..], self.tid);
+        be::put_u16(&mut buf[16..], self.attr_id);
+        be::put_u16(&mut buf[18..], self.resv);
+        be::put_u32(&mut buf[20..], self.attr_mod);
     }
 }
 
@@ -177,7 +177,7 @@ impl RawCmMad {
         let hdr = MadHdr::parse(buf)?;
         Ok(RawCmMad {
             hdr,
-            data: be::arr(buf, HDR_LEN),
+            data: be::arr(&buf[HDR_LEN..]),
         })
     }
 

@@ -43,8 +43,6 @@ pub use rtu::ReadyToUse;
 pub use service_id::PortSpace;
 pub use sidr::{SidrReply, SidrRequest};
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 /// Why a CM MAD (or a piece of one) could not be parsed or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CmWireError {
@@ -190,50 +188,12 @@ impl CmMad {
     }
 }
 
-/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`, as RoCEv2 uses for IPv4), if it is one.
-pub fn gid_to_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
-    Ipv6Addr::from(*gid).to_ipv4_mapped()
-}
-
 /// The IPv4-mapped GID of an IPv4 address.
-pub fn ipv4_to_gid(ip: Ipv4Addr) -> [u8; 16] {
-    ip.to_ipv6_mapped().octets()
-}
+pub use crate::wire::gid::gid_from_ipv4 as ipv4_to_gid;
+/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`, as RoCEv2 uses for IPv4), if it is one.
+pub use crate::wire::gid::ipv4_from_gid as gid_to_ipv4;
 
-/// Fixed-offset big-endian accessors over the 232-byte CM data area. All offsets used are
-/// constants inside the array, so none of these can go out of bounds.
-pub(crate) mod be {
-    pub fn u16(d: &[u8], at: usize) -> u16 {
-        u16::from_be_bytes([d[at], d[at + 1]])
-    }
-    pub fn u24(d: &[u8], at: usize) -> u32 {
-        u32::from_be_bytes([0, d[at], d[at + 1], d[at + 2]])
-    }
-    pub fn u32(d: &[u8], at: usize) -> u32 {
-        u32::from_be_bytes([d[at], d[at + 1], d[at + 2], d[at + 3]])
-    }
-    pub fn u64(d: &[u8], at: usize) -> u64 {
-        (u32(d, at) as u64) << 32 | u32(d, at + 4) as u64
-    }
-    pub fn arr<const N: usize>(d: &[u8], at: usize) -> [u8; N] {
-        let mut a = [0u8; N];
-        a.copy_from_slice(&d[at..at + N]);
-        a
-    }
-    pub fn put_u16(d: &mut [u8], at: usize, v: u16) {
-        d[at..at + 2].copy_from_slice(&v.to_be_bytes());
-    }
-    /// Writes the low 24 bits of `v`.
-    pub fn put_u24(d: &mut [u8], at: usize, v: u32) {
-        d[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
-    }
-    pub fn put_u32(d: &mut [u8], at: usize, v: u32) {
-        d[at..at + 4].copy_from_slice(&v.to_be_bytes());
-    }
-    pub fn put_u64(d: &mut [u8], at: usize, v: u64) {
-        d[at..at + 8].copy_from_slice(&v.to_be_bytes());
-    }
-}
+pub(crate) use crate::wire::be;
 
 /// A mask of the low `bits` bits.
 pub(crate) const fn mask(bits: u32) -> u32 {

@@ -39,8 +39,8 @@ impl MessageReceiptAck {
         let (hdr, d) = mad::split(buf, mad::attr::MRA)?;
         Ok(MessageReceiptAck {
             hdr,
-            local_comm_id: be::u32(d, 0),
-            remote_comm_id: be::u32(d, 4),
+            local_comm_id: be::u32(d),
+            remote_comm_id: be::u32(&d[4..]),
             message_mraed: d[8] >> 6,
             rsvd8: d[8] & 0x3f,
             service_timeout: d[9] >> 3,
@@ -51,8 +51,8 @@ impl MessageReceiptAck {
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::MRA, buf);
-        be::put_u32(d, 0, self.local_comm_id);
-        be::put_u32(d, 4, self.remote_comm_id);
+        be::put_u32(d, self.local_comm_id);
+        be::put_u32(&mut d[4..], self.remote_comm_id);
         d[8] = (self.message_mraed & 0x03) << 6 | (self.rsvd8 & 0x3f);
         d[9] = (self.service_timeout & 0x1f) << 3 | (self.rsvd9 & 0x07);
         self.private_data.write(d, 10);

@@ -67,8 +67,21 @@ impl<const N: usize> PrivateData<N> {
         Ok(p)
     }
 
+    /// The private data rdma_cm sends: the CMA header, if any, then `user` (the caller checked
+    /// that both fit).
+    pub(crate) fn with_cma(cma: Option<&CmaHdr>, user: &[u8]) -> Result<Self, CmWireError> {
+        let mut data = [0u8; N];
+        let mut at = 0;
+        if let Some(h) = cma {
+            h.emit(&mut data)?;
+            at = CMA_HDR_LEN;
+        }
+        data[at..at + user.len()].copy_from_slice(user);
+        Ok(PrivateData(data))
+    }
+
     pub(crate) fn read(d: &[u8], at: usize) -> Self {
-        PrivateData(super::be::arr(d, at))
+        PrivateData(super::be::arr(&d[at..]))
     }
 
     pub(crate) fn write(&self, d: &mut [u8], at: usize) {
@@ -143,9 +156,9 @@ impl CmaHdr {
             cma_version: buf[0],
             ip_version: buf[1] >> 4,
             rsvd: buf[1] & 0x0f,
-            src_port: super::be::u16(buf, 2),
-            src_addr: super::be::arr(buf, 4),
-            dst_addr: super::be::arr(buf, 20),
+            src_port: super::be::u16(&buf[2..]),
+            src_addr: super::be::arr(&buf[4..]),
+            dst_addr: super::be::arr(&buf[20..]),
         };
         Ok((h, &buf[CMA_HDR_LEN..]))
     }
@@ -160,7 +173,7 @@ impl CmaHdr {
         }
         buf[0] = self.cma_version;
         buf[1] = (self.ip_version << 4) | (self.rsvd & 0x0f);
-        super::be::put_u16(buf, 2, self.src_port);
+        super::be::put_u16(&mut buf[2..], self.src_port);
         buf[4..20].copy_from_slice(&self.src_addr);
         buf[20..36].copy_from_slice(&self.dst_addr);
         Ok(())

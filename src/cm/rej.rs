@@ -117,13 +117,13 @@ impl ConnectReject {
         let (hdr, d) = mad::split(buf, mad::attr::REJ)?;
         Ok(ConnectReject {
             hdr,
-            local_comm_id: be::u32(d, 0),
-            remote_comm_id: be::u32(d, 4),
+            local_comm_id: be::u32(d),
+            remote_comm_id: be::u32(&d[4..]),
             message_rejected: d[8] >> 6,
             rsvd8: d[8] & 0x3f,
             rejected_info_length: d[9] >> 1,
             rsvd9: d[9] & 0x01,
-            reason: RejReason::from_code(be::u16(d, 10)),
+            reason: RejReason::from_code(be::u16(&d[10..])),
             ari: PrivateData::read(d, 12),
             private_data: PrivateData::read(d, 84),
         })
@@ -131,11 +131,11 @@ impl ConnectReject {
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::REJ, buf);
-        be::put_u32(d, 0, self.local_comm_id);
-        be::put_u32(d, 4, self.remote_comm_id);
+        be::put_u32(d, self.local_comm_id);
+        be::put_u32(&mut d[4..], self.remote_comm_id);
         d[8] = (self.message_rejected & 0x03) << 6 | (self.rsvd8 & 0x3f);
         d[9] = (self.rejected_info_length & 0x7f) << 1 | (self.rsvd9 & 0x01);
-        be::put_u16(d, 10, self.reason.code());
+        be::put_u16(&mut d[10..], self.reason.code());
         self.ari.write(d, 12);
         self.private_data.write(d, 84);
     }

@@ -49,12 +49,12 @@ impl ConnectReply {
         let (hdr, d) = mad::split(buf, mad::attr::REP)?;
         Ok(ConnectReply {
             hdr,
-            local_comm_id: be::u32(d, 0),
-            remote_comm_id: be::u32(d, 4),
-            local_qkey: be::u32(d, 8),
-            local_qpn: be::u24(d, 12),
-            local_eecn: be::u24(d, 16),
-            starting_psn: be::u24(d, 20),
+            local_comm_id: be::u32(d),
+            remote_comm_id: be::u32(&d[4..]),
+            local_qkey: be::u32(&d[8..]),
+            local_qpn: be::u24(&d[12..]),
+            local_eecn: be::u24(&d[16..]),
+            starting_psn: be::u24(&d[20..]),
             vendor_id: (d[15] as u32) << 16 | (d[19] as u32) << 8 | d[23] as u32,
             responder_resources: d[24],
             initiator_depth: d[25],
@@ -64,21 +64,21 @@ impl ConnectReply {
             rnr_retry_count: d[27] >> 5,
             srq: d[27] & 0x10 != 0,
             rsvd27: d[27] & 0x0f,
-            local_ca_guid: be::u64(d, 28),
+            local_ca_guid: be::u64(&d[28..]),
             private_data: PrivateData::read(d, 36),
         })
     }
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::REP, buf);
-        be::put_u32(d, 0, self.local_comm_id);
-        be::put_u32(d, 4, self.remote_comm_id);
-        be::put_u32(d, 8, self.local_qkey);
-        be::put_u24(d, 12, self.local_qpn);
+        be::put_u32(d, self.local_comm_id);
+        be::put_u32(&mut d[4..], self.remote_comm_id);
+        be::put_u32(&mut d[8..], self.local_qkey);
+        be::put_u24(&mut d[12..], self.local_qpn);
         d[15] = (self.vendor_id >> 16) as u8;
-        be::put_u24(d, 16, self.local_eecn);
+        be::put_u24(&mut d[16..], self.local_eecn);
         d[19] = (self.vendor_id >> 8) as u8;
-        be::put_u24(d, 20, self.starting_psn);
+        be::put_u24(&mut d[20..], self.starting_psn);
         d[23] = self.vendor_id as u8;
         d[24] = self.responder_resources;
         d[25] = self.initiator_depth;
@@ -86,7 +86,7 @@ impl ConnectReply {
             | (self.failover_accepted & 0x03) << 1
             | self.end_to_end_flow_control as u8;
         d[27] = (self.rnr_retry_count & 0x07) << 5 | (self.srq as u8) << 4 | (self.rsvd27 & 0x0f);
-        be::put_u64(d, 28, self.local_ca_guid);
+        be::put_u64(&mut d[28..], self.local_ca_guid);
         self.private_data.write(d, 36);
     }
 }

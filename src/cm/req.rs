@@ -63,14 +63,14 @@ pub const PATH_LEN: usize = 44;
 
 impl PathInfo {
     pub(crate) fn read(d: &[u8], at: usize) -> Self {
-        let word = be::u32(d, at + 36);
+        let word = be::u32(&d[at + 36..]);
         let sl = d[at + 42];
         let ack = d[at + 43];
         PathInfo {
-            local_lid: be::u16(d, at),
-            remote_lid: be::u16(d, at + 2),
-            local_gid: be::arr(d, at + 4),
-            remote_gid: be::arr(d, at + 20),
+            local_lid: be::u16(&d[at..]),
+            remote_lid: be::u16(&d[at + 2..]),
+            local_gid: be::arr(&d[at + 4..]),
+            remote_gid: be::arr(&d[at + 20..]),
             flow_label: word >> 12,
             rsvd_rate: ((word >> 6) & 0x3f) as u8,
             packet_rate: (word & 0x3f) as u8,
@@ -85,14 +85,14 @@ impl PathInfo {
     }
 
     pub(crate) fn write(&self, d: &mut [u8], at: usize) {
-        be::put_u16(d, at, self.local_lid);
-        be::put_u16(d, at + 2, self.remote_lid);
+        be::put_u16(&mut d[at..], self.local_lid);
+        be::put_u16(&mut d[at + 2..], self.remote_lid);
         d[at + 4..at + 20].copy_from_slice(&self.local_gid);
         d[at + 20..at + 36].copy_from_slice(&self.remote_gid);
         let word = (self.flow_label & mask(20)) << 12
             | (self.rsvd_rate as u32 & 0x3f) << 6
             | (self.packet_rate as u32 & 0x3f);
-        be::put_u32(d, at + 36, word);
+        be::put_u32(&mut d[at + 36..], word);
         d[at + 40] = self.traffic_class;
         d[at + 41] = self.hop_limit;
         d[at + 42] = (self.sl & 0x0f) << 4 | (self.subnet_local as u8) << 3 | (self.rsvd_sl & 0x07);
@@ -159,25 +159,25 @@ impl ConnectRequest {
         let (hdr, d) = mad::split(buf, mad::attr::REQ)?;
         Ok(ConnectRequest {
             hdr,
-            local_comm_id: be::u32(d, 0),
+            local_comm_id: be::u32(d),
             rsvd4: d[4],
-            vendor_id: be::u24(d, 5),
-            service_id: be::u64(d, 8),
-            local_ca_guid: be::u64(d, 16),
-            rsvd24: be::u32(d, 24),
-            local_qkey: be::u32(d, 28),
-            local_qpn: be::u24(d, 32),
+            vendor_id: be::u24(&d[5..]),
+            service_id: be::u64(&d[8..]),
+            local_ca_guid: be::u64(&d[16..]),
+            rsvd24: be::u32(&d[24..]),
+            local_qkey: be::u32(&d[28..]),
+            local_qpn: be::u24(&d[32..]),
             responder_resources: d[35],
-            local_eecn: be::u24(d, 36),
+            local_eecn: be::u24(&d[36..]),
             initiator_depth: d[39],
-            remote_eecn: be::u24(d, 40),
+            remote_eecn: be::u24(&d[40..]),
             remote_cm_response_timeout: d[43] >> 3,
             transport_service_type: (d[43] >> 1) & 0x03,
             end_to_end_flow_control: d[43] & 0x01 != 0,
-            starting_psn: be::u24(d, 44),
+            starting_psn: be::u24(&d[44..]),
             local_cm_response_timeout: d[47] >> 3,
             retry_count: d[47] & 0x07,
-            pkey: be::u16(d, 48),
+            pkey: be::u16(&d[48..]),
             path_mtu: d[50] >> 4,
             rdc_exists: d[50] & 0x08 != 0,
             rnr_retry_count: d[50] & 0x07,
@@ -192,24 +192,24 @@ impl ConnectRequest {
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::REQ, buf);
-        be::put_u32(d, 0, self.local_comm_id);
+        be::put_u32(d, self.local_comm_id);
         d[4] = self.rsvd4;
-        be::put_u24(d, 5, self.vendor_id);
-        be::put_u64(d, 8, self.service_id);
-        be::put_u64(d, 16, self.local_ca_guid);
-        be::put_u32(d, 24, self.rsvd24);
-        be::put_u32(d, 28, self.local_qkey);
-        be::put_u24(d, 32, self.local_qpn);
+        be::put_u24(&mut d[5..], self.vendor_id);
+        be::put_u64(&mut d[8..], self.service_id);
+        be::put_u64(&mut d[16..], self.local_ca_guid);
+        be::put_u32(&mut d[24..], self.rsvd24);
+        be::put_u32(&mut d[28..], self.local_qkey);
+        be::put_u24(&mut d[32..], self.local_qpn);
         d[35] = self.responder_resources;
-        be::put_u24(d, 36, self.local_eecn);
+        be::put_u24(&mut d[36..], self.local_eecn);
         d[39] = self.initiator_depth;
-        be::put_u24(d, 40, self.remote_eecn);
+        be::put_u24(&mut d[40..], self.remote_eecn);
         d[43] = (self.remote_cm_response_timeout & 0x1f) << 3
             | (self.transport_service_type & 0x03) << 1
             | self.end_to_end_flow_control as u8;
-        be::put_u24(d, 44, self.starting_psn);
+        be::put_u24(&mut d[44..], self.starting_psn);
         d[47] = (self.local_cm_response_timeout & 0x1f) << 3 | (self.retry_count & 0x07);
-        be::put_u16(d, 48, self.pkey);
+        be::put_u16(&mut d[48..], self.pkey);
         d[50] = (self.path_mtu & 0x0f) << 4
             | (self.rdc_exists as u8) << 3
             | (self.rnr_retry_count & 0x07);

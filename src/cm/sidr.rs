@@ -44,20 +44,20 @@ impl SidrRequest {
         let (hdr, d) = mad::split(buf, mad::attr::SIDR_REQ)?;
         Ok(SidrRequest {
             hdr,
-            request_id: be::u32(d, 0),
-            pkey: be::u16(d, 4),
-            rsvd6: be::u16(d, 6),
-            service_id: be::u64(d, 8),
+            request_id: be::u32(d),
+            pkey: be::u16(&d[4..]),
+            rsvd6: be::u16(&d[6..]),
+            service_id: be::u64(&d[8..]),
             private_data: PrivateData::read(d, 16),
         })
     }
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::SIDR_REQ, buf);
-        be::put_u32(d, 0, self.request_id);
-        be::put_u16(d, 4, self.pkey);
-        be::put_u16(d, 6, self.rsvd6);
-        be::put_u64(d, 8, self.service_id);
+        be::put_u32(d, self.request_id);
+        be::put_u16(&mut d[4..], self.pkey);
+        be::put_u16(&mut d[6..], self.rsvd6);
+        be::put_u64(&mut d[8..], self.service_id);
         self.private_data.write(d, 16);
     }
 
@@ -90,13 +90,13 @@ impl SidrReply {
         let (hdr, d) = mad::split(buf, mad::attr::SIDR_REP)?;
         Ok(SidrReply {
             hdr,
-            request_id: be::u32(d, 0),
+            request_id: be::u32(d),
             status: d[4],
             additional_info_length: d[5],
-            vendor_id: (be::u16(d, 6) as u32) << 8 | d[11] as u32,
-            qpn: be::u24(d, 8),
-            service_id: be::u64(d, 12),
-            qkey: be::u32(d, 20),
+            vendor_id: (be::u16(&d[6..]) as u32) << 8 | d[11] as u32,
+            qpn: be::u24(&d[8..]),
+            service_id: be::u64(&d[12..]),
+            qkey: be::u32(&d[20..]),
             additional_info: PrivateData::read(d, 24),
             private_data: PrivateData::read(d, 96),
         })
@@ -104,14 +104,14 @@ impl SidrReply {
 
     pub fn emit(&self, buf: &mut [u8; mad::MAD_LEN]) {
         let d = mad::emit_hdr(&self.hdr, mad::attr::SIDR_REP, buf);
-        be::put_u32(d, 0, self.request_id);
+        be::put_u32(d, self.request_id);
         d[4] = self.status;
         d[5] = self.additional_info_length;
-        be::put_u16(d, 6, (self.vendor_id >> 8) as u16);
-        be::put_u24(d, 8, self.qpn);
+        be::put_u16(&mut d[6..], (self.vendor_id >> 8) as u16);
+        be::put_u24(&mut d[8..], self.qpn);
         d[11] = self.vendor_id as u8;
-        be::put_u64(d, 12, self.service_id);
-        be::put_u32(d, 20, self.qkey);
+        be::put_u64(&mut d[12..], self.service_id);
+        be::put_u32(&mut d[20..], self.qkey);
         self.additional_info.write(d, 24);
         self.private_data.write(d, 96);
     }

@@ -256,13 +256,11 @@ impl CmManager {
         if p.timeout.is_zero() {
             return Err(CmError::BadParam("timeout"));
         }
-        let mut data = [0u8; sidr::REQ_PRIVATE_DATA_LEN];
-        let mut at = 0;
-        if let Some(h) = &p.cma {
-            h.emit(&mut data).map_err(|_| CmError::BadParam("cma"))?;
-            at = CMA_HDR_LEN;
-        }
-        data[at..at + p.private_data.len()].copy_from_slice(&p.private_data);
+        let data = PrivateData::<{ sidr::REQ_PRIVATE_DATA_LEN }>::with_cma(
+            p.cma.as_ref(),
+            &p.private_data,
+        )
+        .map_err(|_| CmError::BadParam("cma"))?;
         let id = self.new_comm_id();
         let tid = linux_tid(self.cfg.hi_tid, id);
         let m = SidrRequest {
@@ -270,7 +268,7 @@ impl CmManager {
             request_id: id,
             pkey: 0xffff,
             service_id: p.service_id,
-            private_data: PrivateData(data),
+            private_data: data,
             ..Default::default()
         };
         let mut mad = [0u8; MAD_LEN];

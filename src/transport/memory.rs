@@ -5,7 +5,7 @@
 //! belongs to this PD, grants the access, covers the range) happens behind this trait, so the
 //! transport cannot touch memory outside a registered region.
 
-use super::types::{AccessFlags, AtomicOp};
+use super::types::{AccessFlags, AtomicOp, Sge};
 
 /// Why a memory access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -41,4 +41,53 @@ pub trait MemoryAccess {
     /// Execute an atomic on the 8 bytes at `addr` (8-byte aligned, REMOTE_ATOMIC); returns the
     /// original value. Atomic with respect to every other atomic on the same memory.
     fn remote_atomic(&self, rkey: u32, addr: u64, op: AtomicOp) -> Result<u64, MemError>;
+}
+
+/// Copy a whole SGE list, in order, into `dst` (as long as the list's total length). Every
+/// SGE's key is checked, an empty one's too.
+pub(crate) fn gather_all(
+    sgl: &[Sge],
+    dst: &mut [u8],
+    mem: &dyn MemoryAccess,
+) -> Result<(), MemError> {
+    let mut at = 0;
+    for s in sgl {
+        let n = s.length as usize;
+        mem.local_read(s.lkey, s.addr, &mut dst[at..at + n])?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Scatter `src` into an SGE list starting at byte `off` (READ responses, receives).
+pub(crate) fn scatter(
+    sgl: &[Sge],
+    off: usize,
+    src: &[u8],
+    mem: &dyn MemoryAccess,
+) -> Result<(), MemError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let mut skip = off as u64;
+    let mut done = 0usize;
+    for sge in sgl {
+        if done == src.len() {
+            break;
+        }
+        let l = sge.length as u64;
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(src.len() - done);
+        mem.local_write(sge.lkey, sge.addr.wrapping_add(skip), &src[done..done + n])?;
+        done += n;
+        skip = 0;
+    }
+    if done == src.len() {
+        Ok(())
+    } else {
+        Err(MemError::OutOfBounds)
+    }
 }

@@ -222,6 +222,52 @@ pub struct Completion {
     pub grh: Option<WcGrh>,
 }
 
+impl Completion {
+    /// A completion for the send CQ: no immediate, source QP or GRH, and `qp_num` 0 (the QP's
+    /// completion queue fills it in).
+    pub(crate) fn send(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Self {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm_data: None,
+            qp_num: 0,
+            src_qp: 0,
+            solicited: false,
+            side: CqSide::Send,
+            vendor_err: 0,
+            grh: None,
+        }
+    }
+
+    /// A completion for the receive CQ, from remote QP `src_qp`: no GRH, and `qp_num` 0 (the
+    /// QP's completion queue fills it in).
+    pub(crate) fn recv(
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm_data: Option<u32>,
+        src_qp: u32,
+        solicited: bool,
+    ) -> Self {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm_data,
+            qp_num: 0,
+            src_qp,
+            solicited,
+            side: CqSide::Recv,
+            vendor_err: 0,
+            grh: None,
+        }
+    }
+}
+
 /// The GRH part of a UD receive completion: the first 40 bytes of the receive buffer hold the
 /// GRH area; this is what `ibv_init_ah_from_wc` reads from it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]

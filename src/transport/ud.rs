@@ -16,12 +16,14 @@
 //! then drain [`UdQp::poll_transmit`] and [`UdQp::poll_completion`]. UD has no timers.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv4Addr;
 
-use crate::transport::memory::MemoryAccess;
-use crate::transport::modify::check_transition;
-use crate::transport::rc::{PostError, QpError};
+use crate::transport::memory::{gather_all, scatter, MemoryAccess};
+use crate::transport::modify::{attr_mask, attr_names, check_transition};
+use crate::transport::modify::{CUR_STATE, PKEY, PORT, QKEY, SQ_DRAINING, SQ_PSN};
+use crate::transport::rc::{check_send_lists, PostError, QpError};
 use crate::transport::types::*;
+use crate::wire::gid::gid_from_ipv4;
 use crate::wire::{bth, deth::GSI_QKEY, Bth, Deth, Kind, Opcode, Packet, Psn, Service};
 
 /// Length of the GRH area at the front of every UD receive buffer.
@@ -78,9 +80,7 @@ impl NetHeader {
     /// The sender's GID (IPv4-mapped for IPv4).
     pub fn src_gid(&self) -> [u8; 16] {
         match self {
-            NetHeader::V4(h) => Ipv4Addr::new(h[12], h[13], h[14], h[15])
-                .to_ipv6_mapped()
-                .octets(),
+            NetHeader::V4(h) => gid_from_ipv4(Ipv4Addr::new(h[12], h[13], h[14], h[15])),
             NetHeader::V6(h) => {
                 let mut g = [0u8; 16];
                 g.copy_from_slice(&h[8..24]);
@@ -151,13 +151,6 @@ impl UdCompletion {
     }
 }
 
-// Attribute mask bits (our own order, as in the RC QP).
-const CUR_STATE: u32 = 1 << 0;
-const QKEY: u32 = 1 << 1;
-const SQ_PSN: u32 = 1 << 2;
-const PKEY: u32 = 1 << 3;
-const PORT: u32 = 1 << 4;
-
 /// Required and optional attributes of a UD transition (IBA 11.2.4.2 / the kernel's
 /// `qp_state_table` for `IB_QPT_UD`); `None` if the transition is not allowed.
 fn transition(from: QpState, to: QpState) -> Option<(u32, u32)> {
@@ -195,28 +188,9 @@ fn ud_mask(a: &QpAttr) -> Result<u32, QpError> {
     if let Some((_, n)) = bad.iter().find(|(p, _)| *p) {
         return Err(QpError::UnexpectedAttr(n));
     }
-    let mut m = 0;
-    for (p, bit) in [
-        (a.cur_qp_state.is_some(), CUR_STATE),
-        (a.qkey.is_some(), QKEY),
-        (a.sq_psn.is_some(), SQ_PSN),
-        (a.pkey_index.is_some(), PKEY),
-        (a.port_num.is_some(), PORT),
-    ] {
-        if p {
-            m |= bit;
-        }
-    }
-    Ok(m)
+    // The others UD has; `sq_draining` is not looked at.
+    Ok(attr_mask(a) & !SQ_DRAINING)
 }
-
-const NAMES: [(u32, &str); 5] = [
-    (CUR_STATE, "cur_qp_state"),
-    (QKEY, "qkey"),
-    (SQ_PSN, "sq_psn"),
-    (PKEY, "pkey_index"),
-    (PORT, "port_num"),
-];
 
 /// Why [`UdQp::emit_send`] produced no packet.
 enum EmitFail {
@@ -311,7 +285,7 @@ impl UdQp {
     /// RTR→RTS needs `sq_psn`; `qkey` may change in most states.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), QpError> {
         let cur = self.state;
-        let next = check_transition(cur, attr, transition, ud_mask(attr)?, NAMES.iter().copied())?;
+        let next = check_transition(cur, attr, transition, ud_mask(attr)?, attr_names())?;
         if attr.port_num.is_some_and(|p| p != 1) {
             return Err(QpError::BadAttr("port_num"));
         }
@@ -411,19 +385,7 @@ impl UdQp {
         if !matches!(wqe.op, SendOp::Send | SendOp::SendWithImm { .. }) {
             return Err(PostError::UnsupportedOp);
         }
-        if wqe.flags.inline {
-            if wqe.inline_data.len() > self.caps.max_inline_data as usize {
-                return Err(PostError::InlineTooLong {
-                    got: wqe.inline_data.len(),
-                    max: self.caps.max_inline_data,
-                });
-            }
-        } else if wqe.sg_list.len() > self.caps.max_send_sge as usize {
-            return Err(PostError::TooManySge {
-                got: wqe.sg_list.len(),
-                max: self.caps.max_send_sge,
-            });
-        }
+        check_send_lists(&wqe, &self.caps)?;
         let len = wqe.length();
         if len > self.mtu.bytes() as u64 {
             return Err(PostError::MessageTooLong(len));
@@ -520,7 +482,9 @@ impl UdQp {
             return;
         }
         let grh = net.grh_area();
-        if let Err(_e) = scatter(mem, &wqe.sg_list, &[&grh, pkt.payload]) {
+        let written = scatter(&wqe.sg_list, 0, &grh, mem)
+            .and_then(|()| scatter(&wqe.sg_list, GRH_LEN, pkt.payload, mem));
+        if let Err(_e) = written {
             self.push(
                 recv_wc(
                     wqe.wr_id,
@@ -599,7 +563,7 @@ impl UdQp {
         let len = payload.len();
         if p.wqe.flags.inline {
             payload.copy_from_slice(&p.wqe.inline_data);
-        } else if gather(mem, &p.wqe.sg_list, payload).is_err() {
+        } else if gather_all(&p.wqe.sg_list, payload, mem).is_err() {
             return Err(EmitFail::Gather);
         }
         let (opcode, imm) = match p.wqe.op {
@@ -640,23 +604,12 @@ impl UdQp {
 }
 
 fn send_wc(w: &SendWqe, status: WcStatus) -> Completion {
-    Completion {
-        wr_id: w.wr_id,
-        status,
-        opcode: WcOpcode::Send,
-        byte_len: if status == WcStatus::Success {
-            w.length() as u32
-        } else {
-            0
-        },
-        imm_data: None,
-        qp_num: 0,
-        src_qp: 0,
-        solicited: false,
-        side: CqSide::Send,
-        vendor_err: 0,
-        grh: None,
-    }
+    let byte_len = if status == WcStatus::Success {
+        w.length() as u32
+    } else {
+        0
+    };
+    Completion::send(w.wr_id, status, WcOpcode::Send, byte_len)
 }
 
 fn recv_wc(
@@ -667,61 +620,15 @@ fn recv_wc(
     src_qp: u32,
     solicited: bool,
 ) -> Completion {
-    Completion {
+    Completion::recv(
         wr_id,
         status,
-        opcode: WcOpcode::Recv,
+        WcOpcode::Recv,
         byte_len,
-        imm_data: imm,
-        qp_num: 0,
+        imm,
         src_qp,
         solicited,
-        side: CqSide::Recv,
-        vendor_err: 0,
-        grh: None,
-    }
+    )
 }
 
-fn gather(mem: &dyn MemoryAccess, sges: &[Sge], out: &mut [u8]) -> Result<(), ()> {
-    let mut at = 0;
-    for s in sges {
-        let n = s.length as usize;
-        mem.local_read(s.lkey, s.addr, &mut out[at..at + n])
-            .map_err(|_| ())?;
-        at += n;
-    }
-    Ok(())
-}
-
-/// Write the concatenation of `parts` across `sges` (the caller checked it fits).
-fn scatter(mem: &dyn MemoryAccess, sges: &[Sge], parts: &[&[u8]]) -> Result<(), ()> {
-    let mut si = 0;
-    let mut off = 0usize;
-    for part in parts {
-        let mut p: &[u8] = part;
-        while !p.is_empty() {
-            let s = sges.get(si).ok_or(())?;
-            let room = s.length as usize - off;
-            if room == 0 {
-                si += 1;
-                off = 0;
-                continue;
-            }
-            let n = room.min(p.len());
-            mem.local_write(s.lkey, s.addr + off as u64, &p[..n])
-                .map_err(|_| ())?;
-            off += n;
-            p = &p[n..];
-        }
-    }
-    Ok(())
-}
-
-/// The IPv6 address of a GID, for building the network header of a packet to send.
-pub fn gid_to_ip(gid: &[u8; 16]) -> std::net::IpAddr {
-    let a = Ipv6Addr::from(*gid);
-    match a.to_ipv4_mapped() {
-        Some(v4) => std::net::IpAddr::V4(v4),
-        None => std::net::IpAddr::V6(a),
-    }
-}
+pub use crate::wire::gid::gid_to_ip;

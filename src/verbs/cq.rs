@@ -16,19 +16,7 @@ pub type WorkCompletion = Completion;
 
 impl Default for Completion {
     fn default() -> Self {
-        Completion {
-            wr_id: 0,
-            status: WcStatus::GeneralErr,
-            opcode: crate::transport::WcOpcode::Send,
-            byte_len: 0,
-            imm_data: None,
-            qp_num: 0,
-            src_qp: 0,
-            solicited: false,
-            side: crate::transport::CqSide::Send,
-            vendor_err: 0,
-            grh: None,
-        }
+        Completion::send(0, WcStatus::GeneralErr, crate::transport::WcOpcode::Send, 0)
     }
 }
 

@@ -6,6 +6,8 @@ use std::net::Ipv4Addr;
 use super::context::{Context, ContextOptions};
 use super::error::{Result, VerbsError};
 use crate::transport::Mtu;
+pub(crate) use crate::wire::gid::guid_from_ipv4;
+pub use crate::wire::gid::{gid_from_ipv4, ipv4_from_gid};
 
 pub(crate) const MAX_QP: usize = 16 * 1024;
 pub(crate) const MAX_QP_WR: u32 = 16 * 1024;
@@ -276,28 +278,4 @@ pub struct PortAttr {
     /// 0 on Ethernet, as with rxe.
     pub lid: u16,
     pub link_layer_ethernet: bool,
-}
-
-/// The node GUID of an address: `02:00:5e:ff:a:b:c:d`.
-pub(crate) fn guid_from_ipv4(a: Ipv4Addr) -> u64 {
-    let o = a.octets();
-    u64::from_be_bytes([0x02, 0x00, 0x5e, 0xff, o[0], o[1], o[2], o[3]])
-}
-
-/// The IPv4-mapped RoCEv2 GID `::ffff:a.b.c.d`.
-pub fn gid_from_ipv4(a: Ipv4Addr) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&a.octets());
-    g
-}
-
-/// The IPv4 address of an IPv4-mapped GID.
-pub fn ipv4_from_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
-    if g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff {
-        Some(Ipv4Addr::new(g[12], g[13], g[14], g[15]))
-    } else {
-        None
-    }
 }

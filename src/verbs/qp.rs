@@ -11,6 +11,7 @@ use super::device::{MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE};
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
 use crate::driver::engine::{QpSlot, QpTransport};
+use crate::transport::memory::gather_all;
 use crate::transport::ud::{UdDest, UdQp};
 use crate::transport::{
     MemoryAccess, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWqe, SendFlags, SendOp, SendWqe,
@@ -308,14 +309,9 @@ impl QueuePair {
                 });
             }
             inline_data.resize(total, 0);
-            let mut at = 0;
-            for sge in sg_list {
-                let dst = &mut inline_data[at..at + sge.length as usize];
-                // Inline data is copied now; an SGE outside any MR is a bad WR.
-                mem.local_read(sge.lkey, sge.addr, dst)
-                    .map_err(|error| VerbsError::PostInline { index, error })?;
-                at += sge.length as usize;
-            }
+            // Inline data is copied now; an SGE outside any MR is a bad WR.
+            gather_all(sg_list, &mut inline_data, mem)
+                .map_err(|error| VerbsError::PostInline { index, error })?;
         }
         Ok(SendWqe {
             wr_id,

@@ -10,6 +10,7 @@ pub mod atomic_eth;
 pub mod bth;
 pub mod deth;
 pub mod ethernet;
+pub mod gid;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
@@ -75,6 +76,11 @@ pub(crate) mod be {
         let mut a = [0u8; 8];
         a.copy_from_slice(&b[..8]);
         u64::from_be_bytes(a)
+    }
+    pub fn arr<const N: usize>(b: &[u8]) -> [u8; N] {
+        let mut a = [0u8; N];
+        a.copy_from_slice(&b[..N]);
+        a
     }
     pub fn put_u16(b: &mut [u8], v: u16) {
         b[..2].copy_from_slice(&v.to_be_bytes());

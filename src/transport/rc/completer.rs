@@ -2,11 +2,11 @@
 //! WQEs in order and produces their completions; keeps the retry and RNR retry counters. It
 //! never touches timers or QP state itself: it returns a [`CompAction`] for the QP to carry out.
 
-use crate::transport::memory::MemoryAccess;
+use crate::transport::memory::{scatter, MemoryAccess};
 use crate::transport::types::*;
 use crate::wire::{Kind, NakCode, Packet, Psn, Syndrome};
 
-use super::requester::{scatter, Requester, SendEntry};
+use super::requester::{Requester, SendEntry};
 
 /// What the QP must do after the completer handled a packet or a timeout.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -321,23 +321,17 @@ pub(crate) fn complete(
     if status == WcStatus::Success && !(e.signaled || sig_all) {
         return;
     }
-    out(Completion {
-        wr_id: e.wqe.wr_id,
+    let byte_len = if status == WcStatus::Success {
+        e.len
+    } else {
+        0
+    };
+    out(Completion::send(
+        e.wqe.wr_id,
         status,
-        opcode: e.wc_opcode(),
-        byte_len: if status == WcStatus::Success {
-            e.len
-        } else {
-            0
-        },
-        imm_data: None,
-        qp_num: 0,
-        src_qp: 0,
-        solicited: false,
-        side: CqSide::Send,
-        vendor_err: 0,
-        grh: None,
-    });
+        e.wc_opcode(),
+        byte_len,
+    ));
 }
 
 #[cfg(test)]

@@ -7,4 +7,5 @@ mod requester;
 mod responder;
 mod timer;
 
+pub(crate) use qp::check_send_lists;
 pub use qp::{PostError, QpError, RcQp, MAX_MSG_LEN};

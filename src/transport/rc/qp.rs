@@ -7,7 +7,11 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::transport::memory::MemoryAccess;
-use crate::transport::modify::check_transition;
+use crate::transport::modify::{attr_mask, attr_names, check_transition};
+use crate::transport::modify::{
+    ACCESS, AV, CUR_STATE, DEST_QPN, MAX_DEST_RD, MAX_RD, MIN_RNR, PATH_MTU, PKEY, PORT, RETRY,
+    RNR_RETRY, RQ_PSN, SQ_PSN, TIMEOUT,
+};
 use crate::transport::types::*;
 use crate::wire::{Kind, Packet, Psn, Service};
 
@@ -54,74 +58,8 @@ pub enum PostError {
     UnsupportedOp,
 }
 
-// Attribute mask bits (as `enum ibv_qp_attr_mask`, in our own order).
-const CUR_STATE: u32 = 1 << 0;
-const PATH_MTU: u32 = 1 << 1;
-const QKEY: u32 = 1 << 2;
-const RQ_PSN: u32 = 1 << 3;
-const SQ_PSN: u32 = 1 << 4;
-const DEST_QPN: u32 = 1 << 5;
-const ACCESS: u32 = 1 << 6;
-const PKEY: u32 = 1 << 7;
-const PORT: u32 = 1 << 8;
-const AV: u32 = 1 << 9;
-const TIMEOUT: u32 = 1 << 10;
-const RETRY: u32 = 1 << 11;
-const RNR_RETRY: u32 = 1 << 12;
-const MIN_RNR: u32 = 1 << 13;
-const MAX_RD: u32 = 1 << 14;
-const MAX_DEST_RD: u32 = 1 << 15;
-const SQ_DRAINING: u32 = 1 << 16;
-
-const ATTR_NAMES: [&str; 17] = [
-    "cur_qp_state",
-    "path_mtu",
-    "qkey",
-    "rq_psn",
-    "sq_psn",
-    "dest_qp_num",
-    "qp_access_flags",
-    "pkey_index",
-    "port_num",
-    "ah_attr",
-    "timeout",
-    "retry_cnt",
-    "rnr_retry",
-    "min_rnr_timer",
-    "max_rd_atomic",
-    "max_dest_rd_atomic",
-    "sq_draining",
-];
-
 /// Most READ/atomic requests outstanding either way (rxe: RXE_MAX_QP_RD_ATOM = 128).
 const MAX_RD_ATOMIC: u8 = 128;
-
-fn attr_mask(a: &QpAttr) -> u32 {
-    let mut m = 0;
-    let mut set = |present: bool, bit: u32| {
-        if present {
-            m |= bit
-        }
-    };
-    set(a.cur_qp_state.is_some(), CUR_STATE);
-    set(a.path_mtu.is_some(), PATH_MTU);
-    set(a.qkey.is_some(), QKEY);
-    set(a.rq_psn.is_some(), RQ_PSN);
-    set(a.sq_psn.is_some(), SQ_PSN);
-    set(a.dest_qp_num.is_some(), DEST_QPN);
-    set(a.qp_access_flags.is_some(), ACCESS);
-    set(a.pkey_index.is_some(), PKEY);
-    set(a.port_num.is_some(), PORT);
-    set(a.ah_attr.is_some(), AV);
-    set(a.timeout.is_some(), TIMEOUT);
-    set(a.retry_cnt.is_some(), RETRY);
-    set(a.rnr_retry.is_some(), RNR_RETRY);
-    set(a.min_rnr_timer.is_some(), MIN_RNR);
-    set(a.max_rd_atomic.is_some(), MAX_RD);
-    set(a.max_dest_rd_atomic.is_some(), MAX_DEST_RD);
-    set(a.sq_draining.is_some(), SQ_DRAINING);
-    m
-}
 
 /// Required and optional attributes of an RC transition (IBA Table 91 ff., the kernel's
 /// `qp_state_table` in `ib_modify_qp_is_ok`); `None` if the transition is not allowed.
@@ -273,8 +211,7 @@ impl RcQp {
     pub fn modify(&mut self, attr: &QpAttr, now: Instant) -> Result<(), QpError> {
         let _ = now;
         let cur = self.state;
-        let names = ATTR_NAMES.iter().enumerate().map(|(i, n)| (1u32 << i, *n));
-        let next = check_transition(cur, attr, transition, attr_mask(attr), names)?;
+        let next = check_transition(cur, attr, transition, attr_mask(attr), attr_names())?;
         // Ranges (IBA 11.2.4.2, rxe_qp_chk_attr).
         if attr.retry_cnt.is_some_and(|v| v > 7) {
             return Err(QpError::BadAttr("retry_cnt"));
@@ -395,22 +332,10 @@ impl RcQp {
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
         );
-        if wqe.flags.inline {
-            if rd_atomic {
-                return Err(PostError::UnsupportedOp);
-            }
-            if wqe.inline_data.len() > self.caps.max_inline_data as usize {
-                return Err(PostError::InlineTooLong {
-                    got: wqe.inline_data.len(),
-                    max: self.caps.max_inline_data,
-                });
-            }
-        } else if wqe.sg_list.len() > self.caps.max_send_sge as usize {
-            return Err(PostError::TooManySge {
-                got: wqe.sg_list.len(),
-                max: self.caps.max_send_sge,
-            });
+        if wqe.flags.inline && rd_atomic {
+            return Err(PostError::UnsupportedOp);
         }
+        check_send_lists(&wqe, &self.caps)?;
         let len = wqe.length();
         if len > MAX_MSG_LEN {
             return Err(PostError::MessageTooLong(len));
@@ -650,20 +575,34 @@ impl RcQp {
     }
 }
 
-fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
-    Completion {
-        wr_id,
-        status: WcStatus::WrFlushErr,
-        opcode: WcOpcode::Recv,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-        src_qp,
-        solicited: false,
-        side: CqSide::Recv,
-        vendor_err: 0,
-        grh: None,
+/// A send WR's inline data or gather list against the QP's caps (RC and UD).
+pub(crate) fn check_send_lists(wqe: &SendWqe, caps: &QpCaps) -> Result<(), PostError> {
+    if wqe.flags.inline {
+        if wqe.inline_data.len() > caps.max_inline_data as usize {
+            return Err(PostError::InlineTooLong {
+                got: wqe.inline_data.len(),
+                max: caps.max_inline_data,
+            });
+        }
+    } else if wqe.sg_list.len() > caps.max_send_sge as usize {
+        return Err(PostError::TooManySge {
+            got: wqe.sg_list.len(),
+            max: caps.max_send_sge,
+        });
     }
+    Ok(())
+}
+
+fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
+    Completion::recv(
+        wr_id,
+        WcStatus::WrFlushErr,
+        WcOpcode::Recv,
+        0,
+        None,
+        src_qp,
+        false,
+    )
 }
 
 /// The completions of this QP not yet polled, with per-side counts (they still occupy their work

@@ -413,39 +413,6 @@ pub(crate) fn gather(
     }
 }
 
-/// Scatter `src` into an SGE list starting at byte `off` (READ responses, receives).
-pub(crate) fn scatter(
-    sgl: &[Sge],
-    off: usize,
-    src: &[u8],
-    mem: &dyn MemoryAccess,
-) -> Result<(), MemError> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    let mut skip = off as u64;
-    let mut done = 0usize;
-    for sge in sgl {
-        if done == src.len() {
-            break;
-        }
-        let l = sge.length as u64;
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = ((l - skip) as usize).min(src.len() - done);
-        mem.local_write(sge.lkey, sge.addr.wrapping_add(skip), &src[done..done + n])?;
-        done += n;
-        skip = 0;
-    }
-    if done == src.len() {
-        Ok(())
-    } else {
-        Err(MemError::OutOfBounds)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,14 +4,14 @@
 
 use std::collections::VecDeque;
 
-use crate::transport::memory::{MemError, MemoryAccess};
+use crate::transport::memory::{scatter, MemError, MemoryAccess};
 use crate::transport::types::*;
 use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
     Aeth, AtomicAckEth, Bth, Kind, NakCode, Opcode, Packet, Position, Psn, Syndrome,
 };
 
-use super::requester::{npkts_for, scatter};
+use super::requester::npkts_for;
 
 /// Most responses queued behind each other before duplicate requests are dropped instead of
 /// answered (bounds memory under hostile traffic).
@@ -182,19 +182,7 @@ impl Responder {
         imm: Option<u32>,
         solicited: bool,
     ) -> Completion {
-        Completion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm_data: imm,
-            qp_num: 0,
-            src_qp: p.dest_qpn,
-            solicited,
-            side: CqSide::Recv,
-            vendor_err: 0,
-            grh: None,
-        }
+        Completion::recv(wr_id, status, opcode, byte_len, imm, p.dest_qpn, solicited)
     }
 
     /// A request-kind packet for this QP, with the QP in RTR, RTS or SQD.
