@@ -5,7 +5,9 @@
 //! * **Slots.** Each context on an address holds a slot, 1..=255: the top byte of its 24-bit
 //!   QPNs and of its CM communication and SIDR request IDs (peers echo those back in REP, RTU,
 //!   REJ, MRA, DREQ, DREP and SIDR_REP). A slot is held by an OFD lock on byte `slot` of the
-//!   address's registry file, so a process that dies gives its slots back with no clean-up.
+//!   address's registry lock file, so a process that dies gives its slots back with no
+//!   clean-up. The registry itself is a small text file replaced whole (rename) on every
+//!   change, so a process that dies while writing it never leaves it torn.
 //! * **Steering.** A classic-BPF program attached to the reuseport group (unprivileged,
 //!   `SO_ATTACH_REUSEPORT_CBPF`) reads the UDP payload: the BTH's destination QPN selects the
 //!   slot; for QP1 (connection management, shared by all) the MAD selects it: REQ and SIDR_REQ
@@ -15,7 +17,7 @@
 //!   CM answers as the only listener-less CM would.
 //! * **Indexes.** The kernel keeps a group's sockets in an array: a new one is appended, and
 //!   when one closes the last one moves into its place (`reuseport_detach_sock`). The registry
-//!   mirrors that array. Joining and leaving happen under an exclusive `flock` of the registry,
+//!   mirrors that array. Joining and leaving happen under an exclusive `flock` of the lock file,
 //!   and a leaving context closes its socket before it lets go of the lock, so the mirror stays
 //!   exact. A process that exits normally leaves for each of its contexts in an `atexit`
 //!   handler (contexts held in statics are never dropped). A context found dead (its slot lock
