@@ -5,6 +5,8 @@
 
 mod cm_util;
 
+use cm_util::qp_on;
+
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,7 @@ use softrdma::cm::manager::{
 };
 use softrdma::rdma_cm::{CmId, CmTimeouts, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{QpCaps, QpState};
-use softrdma::verbs::{gid_from_ipv4, QpInitAttr, QpType, QueuePair};
+use softrdma::verbs::{gid_from_ipv4, QpType};
 use softrdma::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
 use softrdma::wire::{icrc, Packet, ROCE_V2_PORT};
 
@@ -113,23 +115,6 @@ const REQ: u16 = 0x0010;
 const REP: u16 = 0x0013;
 const DREQ: u16 = 0x0015;
 
-fn qp_on(id: &CmId) -> QueuePair {
-    let ctx = id.context().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8, None).unwrap();
-    id.create_qp(
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: QpCaps::default(),
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        },
-    )
-    .unwrap()
-}
-
 fn listener(ch: &EventChannel) -> (CmId, SocketAddrV4) {
     let id = ch.create_id(PortSpace::Tcp).unwrap();
     id.bind_addr(SocketAddr::V4(SocketAddrV4::new(cm_util::loopback(), 0)))
@@ -150,7 +135,7 @@ fn connect_to_a_host_that_never_answers_is_unreachable() {
     ch.wait_event(EventType::AddrResolved, T).unwrap();
     id.resolve_route(T).unwrap();
     ch.wait_event(EventType::RouteResolved, T).unwrap();
-    let _qp = qp_on(&id);
+    let _qp = qp_on(&id, QpType::Rc, QpCaps::default());
     id.connect(&ConnParam::default()).unwrap();
     let ev = ch
         .get_cm_event_timeout(T)
@@ -177,7 +162,7 @@ fn active_peer_vanishing_after_req_makes_the_passive_side_unreachable() {
     assert_eq!(ev.conn_param().unwrap().qp_num, 0x99);
     let id = ev.id().clone();
     drop(ev);
-    let qp = qp_on(&id);
+    let qp = qp_on(&id, QpType::Rc, QpCaps::default());
     id.accept(&ConnParam::default()).unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Rts);
     // The fake peer is gone: no RTU ever comes.
@@ -204,7 +189,7 @@ fn peer_vanishing_mid_connection_still_ends_in_disconnected() {
     let ev = ch.wait_event(EventType::ConnectRequest, T).unwrap();
     let id = ev.id().clone();
     drop(ev);
-    let qp = qp_on(&id);
+    let qp = qp_on(&id, QpType::Rc, QpCaps::default());
     id.accept(&ConnParam::default()).unwrap();
     // The fake peer answers the REP with an RTU, then goes silent.
     let t0 = Instant::now();
@@ -283,7 +268,7 @@ fn hostile_gsi_packets_are_dropped_and_the_listener_keeps_working() {
     cch.wait_event(EventType::AddrResolved, T).unwrap();
     c.resolve_route(T).unwrap();
     cch.wait_event(EventType::RouteResolved, T).unwrap();
-    let _cqp = qp_on(&c);
+    let _cqp = qp_on(&c, QpType::Rc, QpCaps::default());
     c.connect(&ConnParam {
         private_data: b"real".to_vec(),
         ..Default::default()
@@ -297,7 +282,7 @@ fn hostile_gsi_packets_are_dropped_and_the_listener_keeps_working() {
         if ev.event() == EventType::ConnectRequest && ev.private_data().starts_with(b"real") {
             let id = ev.id().clone();
             drop(ev);
-            let _qp = qp_on(&id);
+            let _qp = qp_on(&id, QpType::Rc, QpCaps::default());
             id.accept(&ConnParam::default()).unwrap();
             break;
         }

@@ -5,6 +5,8 @@
 
 mod cm_util;
 
+use cm_util::qp_on;
+
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,9 +18,9 @@ use softrdma::cm::ratelimit::{
     REFUSAL_BURST_GLOBAL, REFUSAL_BURST_PER_DEST, REFUSAL_RATE_PER_DEST,
 };
 use softrdma::cm::SidrRequest;
-use softrdma::rdma_cm::{CmId, CmTimeouts, ConnParam, EventChannel, EventType, PortSpace};
+use softrdma::rdma_cm::{CmTimeouts, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::QpCaps;
-use softrdma::verbs::{QpInitAttr, QpType, QueuePair};
+use softrdma::verbs::QpType;
 use softrdma::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
 use softrdma::wire::{icrc, Packet, ROCE_V2_PORT};
 
@@ -31,23 +33,6 @@ const SHORT: CmTimeouts = CmTimeouts {
     cm_response_timeout: 16,
     max_cm_retries: 15,
 };
-
-fn ud_qp(id: &CmId) -> QueuePair {
-    let ctx = id.context().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8, None).unwrap();
-    id.create_qp(
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: QpCaps::default(),
-            qp_type: QpType::Ud,
-            sq_sig_all: false,
-        },
-    )
-    .unwrap()
-}
 
 /// A plain UDP socket on a free 127.0.0.x, RoCE port.
 fn forger() -> (UdpSocket, Ipv4Addr) {
@@ -93,7 +78,7 @@ fn served(port: u16, max_attempts: usize) -> usize {
         c.resolve_route(T).unwrap();
         ch.wait_event(EventType::RouteResolved, T).unwrap();
         c.set_cm_timeouts(SHORT).unwrap();
-        let _qp = ud_qp(&c);
+        let _qp = qp_on(&c, QpType::Ud, QpCaps::default());
         c.connect(&ConnParam {
             private_data: b"legit".to_vec(),
             ..Default::default()
@@ -144,7 +129,7 @@ fn forged_sidr_flood_does_not_keep_a_legit_client_out() {
                 drop(ev);
                 if legit {
                     legit_seen.fetch_add(1, Ordering::Relaxed);
-                    let qp = ud_qp(&id);
+                    let qp = qp_on(&id, QpType::Ud, QpCaps::default());
                     id.accept(&ConnParam {
                         private_data: b"served".to_vec(),
                         ..Default::default()

@@ -3,41 +3,28 @@
 
 mod cm_util;
 
+use cm_util::qp_on;
+
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+use softrdma::rdma_cm::{ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{QpCaps, QpState};
-use softrdma::verbs::{QpInitAttr, QpType, QueuePair};
+use softrdma::verbs::QpType;
 
 const T: Duration = Duration::from_secs(60);
 const THREADS: usize = 4;
 const PER_THREAD: usize = 50;
-
-fn qp_on(id: &CmId) -> QueuePair {
-    let ctx = id.context().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8, None).unwrap();
-    id.create_qp(
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: QpCaps {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        },
-    )
-    .unwrap()
-}
+/// Small queues: 200 connections' worth.
+const SMALL: QpCaps = QpCaps {
+    max_send_wr: 4,
+    max_recv_wr: 4,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+    max_inline_data: 0,
+};
 
 #[test]
 fn listener_accepts_hundreds_of_clients_from_several_threads() {
@@ -66,7 +53,7 @@ fn listener_accepts_hundreds_of_clients_from_several_threads() {
                     ch.wait_event(EventType::AddrResolved, T).unwrap();
                     id.resolve_route(T).unwrap();
                     ch.wait_event(EventType::RouteResolved, T).unwrap();
-                    qps.push(qp_on(&id));
+                    qps.push(qp_on(&id, QpType::Rc, SMALL));
                     ids.push(id);
                 }
                 for (i, id) in ids.iter().enumerate() {
@@ -121,7 +108,7 @@ fn listener_accepts_hundreds_of_clients_from_several_threads() {
                 let tag = u32::from_be_bytes(ev.private_data()[..4].try_into().unwrap());
                 let id = ev.id().clone();
                 drop(ev);
-                let qp = qp_on(&id);
+                let qp = qp_on(&id, QpType::Rc, SMALL);
                 id.accept(&ConnParam {
                     private_data: (tag + 1_000_000).to_be_bytes().to_vec(),
                     ..Default::default()

@@ -7,7 +7,9 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use softrdma::rdma_cm::{EventChannel, EventType, PortSpace};
+use softrdma::rdma_cm::{CmId, EventChannel, EventType, PortSpace};
+use softrdma::transport::QpCaps;
+use softrdma::verbs::{QpInitAttr, QpType, QueuePair};
 
 pub fn loopback() -> Ipv4Addr {
     static A: OnceLock<Ipv4Addr> = OnceLock::new();
@@ -24,4 +26,23 @@ pub fn loopback() -> Ipv4Addr {
         id.destroy();
         a
     })
+}
+
+/// A QP of `qp_type` with `cap` on the id's device (its own PD and CQ), created through
+/// `rdma_create_qp`.
+pub fn qp_on(id: &CmId, qp_type: QpType, cap: QpCaps) -> QueuePair {
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    id.create_qp(
+        &pd,
+        &QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap,
+            qp_type,
+            sq_sig_all: false,
+        },
+    )
+    .unwrap()
 }
