@@ -5,72 +5,12 @@
 //! victim is killed and this process keeps talking to the peer over RC.
 mod verbs_util;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::io::{BufRead, Write};
+use std::time::Duration;
 
 use softrdma::transport::{SendOp, WcOpcode, WcStatus};
+use verbs_util::child::{hex, line_with, spawn, unhex, wait_success};
 use verbs_util::*;
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// This test binary re-executed on the ignored test `role`, its stdout read by a thread.
-fn spawn(role: &str) -> (Kill, ChildStdin, Receiver<String>) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            role,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SOFTRDMA_TEST_CHILD", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let stdin = child.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in out.lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    (Kill(child), stdin, rx)
-}
-
-/// The first line from the child that contains `tag`, from `tag` on.
-fn line_with(rx: &Receiver<String>, tag: &str) -> String {
-    loop {
-        let l = rx.recv_timeout(WAIT).expect("a line from the child");
-        if let Some(i) = l.find(tag) {
-            return l[i..].to_string();
-        }
-    }
-}
-
-fn hex(g: &[u8; 16]) -> String {
-    g.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    for (i, b) in g.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
-    }
-    g
-}
 
 /// `QP <qpn> <gid>`; PSNs are fixed: 11 here, 22 in the peer.
 fn qp_line(e: &End) -> String {
@@ -127,15 +67,7 @@ fn a_killed_sharer_does_not_disturb_the_others() {
     ping(&me, &mr, 20, "later");
 
     writeln!(pin, "DONE").unwrap();
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = peer.0.try_wait().unwrap() {
-            assert!(st.success(), "peer failed: {st}");
-            break;
-        }
-        assert!(t0.elapsed() < WAIT, "peer did not exit");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_success(&mut peer);
 }
 
 #[test]

@@ -3,25 +3,12 @@
 //! test binary re-executed on the ignored `child` test; connection data goes over its stdio.
 mod verbs_util;
 
-use std::io::{BufRead, BufReader, Write};
-
-use std::process::{Command, Stdio};
+use std::io::{BufRead, Write};
 
 use softrdma::transport::{SendOp, WcOpcode, WcStatus};
 use softrdma::verbs::ipv4_from_gid;
+use verbs_util::child::{self, hex, unhex};
 use verbs_util::*;
-
-fn hex(g: &[u8; 16]) -> String {
-    g.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    for (i, b) in g.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
-    }
-    g
-}
 
 /// `QP <qpn> <psn> <gid> <addr> <rkey>`
 fn info_line(e: &End, psn: u32, mr: &softrdma::verbs::MemoryRegion) -> String {
@@ -59,47 +46,8 @@ fn parse(line: &str) -> Peer {
 fn two_processes_over_loopback() {
     let me = End::new(loopback_ctx());
     let mr = me.mr(4096);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SOFTRDMA_TEST_CHILD", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Lines from the child arrive through a thread, so a stuck child fails the test (bounded
-    // wait) instead of hanging it; the guard kills the child if the test panics.
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let mut stdin = child.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in out.lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Kill(child);
-    let peer = loop {
-        let l = rx.recv_timeout(WAIT).expect("the child's QP line");
-        // libtest prints "test child ... " before the child's own output on the same line.
-        if let Some(i) = l.find("QP ") {
-            break parse(&l[i..]);
-        }
-    };
+    let (mut child, mut stdin, rx) = child::spawn("child");
+    let peer = parse(&child::line_with(&rx, "QP "));
     // Both processes share the loopback device's address (UDP 127.0.0.1:4791 with
     // SO_REUSEPORT); their QPNs carry distinct slots, which steer each datagram to its owner.
     assert_eq!(
@@ -138,15 +86,7 @@ fn two_processes_over_loopback() {
     got.sort_by_key(|o| *o as u32);
     assert_eq!(got, [WcOpcode::Send, WcOpcode::Recv]);
     writeln!(stdin, "DONE").unwrap();
-    let t0 = std::time::Instant::now();
-    loop {
-        if let Some(st) = child.0.try_wait().unwrap() {
-            assert!(st.success(), "child failed: {st}");
-            break;
-        }
-        assert!(t0.elapsed() < WAIT, "child did not exit");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    child::wait_success(&mut child);
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! connected RC QP pair, and bounded waits for completions.
 #![allow(dead_code)]
 
+pub mod child;
+
 use std::time::{Duration, Instant};
 
 use softrdma::transport::{
