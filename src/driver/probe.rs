@@ -60,7 +60,7 @@ fn probe(index: u16, nonce: u64) -> [u8; PROBE_LEN] {
 pub(crate) fn resync(
     addr: Ipv4Addr,
     n: usize,
-    own: Option<(RawFd, u8)>,
+    own: (RawFd, u8),
     layout: &mut Layout,
 ) -> io::Result<bool> {
     let s = UdpSocket::bind(SocketAddrV4::new(addr, 0))?;
@@ -90,7 +90,8 @@ pub(crate) fn resync(
                 }
             }
         }
-        if let Some((fd, slot)) = own {
+        {
+            let (fd, slot) = own;
             // Our own probe, if it is at the head of our socket's queue (anything else there
             // is left for the engine).
             let recv = |flags, b: &mut [u8; 64]| {

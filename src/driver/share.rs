@@ -412,8 +412,7 @@ impl Share {
                 prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
                 settle(self.addr, layout.members.len());
                 layout.detach(self.slot);
-                let _ = write_layout(&self.data, &layout);
-                let _ = attach(sock_fd, &layout);
+                let _ = self.publish(sock_fd, &layout);
             }
         }
         close();
@@ -445,8 +444,7 @@ impl Share {
         if prune(fd, &mut layout, Some(self.slot)) {
             // Only a brief wait here: the socket of a process found dead is normally gone.
             settle_for(self.addr, layout.members.len(), Duration::from_millis(20));
-            let _ = write_layout(&self.data, &layout);
-            let _ = attach(sock_fd, &layout);
+            let _ = self.publish(sock_fd, &layout);
         }
     }
 
@@ -464,16 +462,13 @@ impl Share {
         let Some(n) = kernel_group_size(self.addr) else {
             return;
         };
-        if let Ok(true) =
-            super::probe::resync(self.addr, n, Some((sock_fd, self.slot)), &mut layout)
-        {
-            let _ = write_layout(&self.data, &layout);
-            let _ = attach(sock_fd, &layout);
+        if let Ok(true) = super::probe::resync(self.addr, n, (sock_fd, self.slot), &mut layout) {
+            let _ = self.publish(sock_fd, &layout);
         }
     }
 
     /// Change this member's rdma_cm ports under the lock and steer again. Fails with
-    /// `AddrInUse` if another member (another process) listens on `add`.
+    /// `AddrInUse` if another member (another process) listens on `port`.
     pub fn set_port(&self, sock_fd: RawFd, port: u16, listening: bool) -> io::Result<()> {
         let mut taken = false;
         self.update(sock_fd, |l| {
@@ -500,100 +495,18 @@ impl Share {
         prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
         settle(self.addr, layout.members.len());
         f(&mut layout);
-        write_layout(&self.data, &layout)?;
-        attach(sock_fd, &layout)
+        self.publish(sock_fd, &layout)
+    }
+
+    /// Write the registry and steer the group by it.
+    fn publish(&self, sock_fd: RawFd, layout: &Layout) -> io::Result<()> {
+        write_layout(&self.data, layout)?;
+        attach(sock_fd, layout)
     }
 }
 
 /// Leaving at normal process exit, for contexts nobody drops (held in statics).
-mod at_exit {
-    use std::os::fd::RawFd;
-    use std::sync::{Mutex, Once};
-
-    use std::path::PathBuf;
-
-    use super::{attach, prune, read_layout, write_layout};
-
-    struct Live {
-        /// (registry lock fd, socket fd, slot, registry file) of each share of this process.
-        shares: Vec<(RawFd, RawFd, u8, PathBuf)>,
-        exiting: bool,
-    }
-
-    static LIVE: Mutex<Live> = Mutex::new(Live {
-        shares: Vec::new(),
-        exiting: false,
-    });
-    static HANDLER: Once = Once::new();
-
-    fn live() -> std::sync::MutexGuard<'static, Live> {
-        LIVE.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn register(reg: RawFd, sock: RawFd, slot: u8, data: PathBuf) {
-        HANDLER.call_once(|| {
-            // SAFETY: registers a plain extern "C" function with no arguments.
-            unsafe { libc::atexit(on_exit) };
-        });
-        live().shares.push((reg, sock, slot, data));
-    }
-
-    /// Forget a share that leaves by itself; false if the exit handler has taken over.
-    pub fn unregister(reg: RawFd) -> bool {
-        let mut l = live();
-        l.shares.retain(|s| s.0 != reg);
-        !l.exiting
-    }
-
-    /// The file identity of an fd (two shares on one address have one registry file).
-    fn inode(fd: RawFd) -> Option<(u64, u64)> {
-        // SAFETY: fstat writes a stat structure we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is live and `fd` is ours.
-        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
-    }
-
-    extern "C" fn on_exit() {
-        let mut l = live();
-        l.exiting = true;
-        // The kernel releases an exiting process's files in reverse fd order: the sockets with
-        // the highest fds leave their groups first.
-        let mut shares = l.shares.clone();
-        shares.sort_unstable_by_key(|s| std::cmp::Reverse(s.1));
-        // One flock per registry file (several shares on one address share it), taken on the
-        // file's lowest registry fd: it is kept until the process's files are released, and
-        // that fd, below every socket of those shares, is released after all of them.
-        let mut locked: Vec<(u64, u64)> = Vec::new();
-        for (reg, ..) in &shares {
-            let reg = *reg;
-            let Some(id) = inode(reg) else { continue };
-            if locked.contains(&id) {
-                continue;
-            }
-            let lowest = shares
-                .iter()
-                .filter(|s| inode(s.0) == Some(id))
-                .map(|s| s.0)
-                .min()
-                .unwrap_or(reg);
-            // SAFETY: flock on our own open file.
-            if unsafe { libc::flock(lowest, libc::LOCK_EX) } == 0 {
-                locked.push(id);
-            }
-        }
-        for (reg, sock, slot, data) in shares {
-            if !inode(reg).is_some_and(|id| locked.contains(&id)) {
-                continue;
-            }
-            if let Ok(mut layout) = read_layout(&data) {
-                prune(reg, &mut layout, Some(slot));
-                layout.detach(slot);
-                let _ = write_layout(&data, &layout);
-                let _ = attach(sock, &layout);
-            }
-        }
-    }
-}
+mod at_exit;
 
 /// Attach the steering program for `layout` to the group of `sock_fd`.
 fn attach(sock_fd: RawFd, layout: &Layout) -> io::Result<()> {

@@ -233,6 +233,8 @@ mod tests {
                 .collect(),
         };
         let prog = program(&l);
+        // Probe check 4, head 11, port load 1, two table ends 2, then 2 per entry.
+        assert_eq!(prog.len(), 18 + 2 * (255 + 510));
         assert!(prog.len() <= 4096, "{}", prog.len()); // BPF_MAXINSNS
         let mut p = vec![0u8; 64];
         p[5] = 255;
