@@ -365,6 +365,13 @@ impl Context {
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.shared.async_events.pop()
     }
+
+    /// An eventfd (`ibv_context.async_fd`) that is readable while an async event is
+    /// queued: put it in `poll`/`epoll`, then take the events with
+    /// [`Context::poll_async_event`]. Do not read it yourself.
+    pub fn async_fd(&self) -> std::os::fd::RawFd {
+        self.shared.async_events.fd()
+    }
 }
 
 impl std::fmt::Debug for Context {

@@ -32,14 +32,14 @@ pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;
-pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr, UdSendWr};
+pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr, UdSend, UdSendWr};
 
 /// Bytes at the front of every UD receive buffer that receive the GRH area.
 pub use crate::transport::ud::GRH_LEN;
 /// The transport types the verbs take and return, so `use softrdma::verbs::*` is enough.
 pub use crate::transport::{
     AccessFlags, AddressVector, CqSide, MemError, Mtu, PostError, QpAttr, QpCaps, QpError, QpState,
-    SendFlags, SendOp, Sge, WcGrh, WcOpcode, WcStatus,
+    SendFlags, SendOp, SendWqe, Sge, WcGrh, WcOpcode, WcStatus,
 };
 
 pub(crate) use context::Shared;

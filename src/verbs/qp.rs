@@ -63,6 +63,14 @@ pub struct UdSendWr<'a> {
     pub remote_qkey: u32,
 }
 
+/// The UD part of a prepared send WQE (`wr.ud`), for [`QueuePair::post_send_wqes`].
+#[derive(Clone, Copy, Debug)]
+pub struct UdSend<'a> {
+    pub ah: &'a AddressHandle,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
 /// `struct ibv_recv_wr`.
 #[derive(Clone, Debug)]
 pub struct RecvWr<'a> {
@@ -280,6 +288,59 @@ impl QueuePair {
                 };
                 ud.post_send(wqe, dest)
                     .map_err(|error| VerbsError::Post { index, error })?;
+            }
+            Ok(())
+        })?;
+        r
+    }
+
+    /// `ibv_post_send` with the WQEs already built, inline data included: the entry point of
+    /// the C ABI, whose inline data comes from application memory that no MR covers. Each WQE
+    /// goes to the QP's connected peer (RC/UC) or, on a UD QP, to the destination beside it
+    /// (`None` there is a bad WR). Stops at the first WQE that cannot be posted and returns its
+    /// index, like `bad_wr`.
+    pub fn post_send_wqes<'a>(
+        &self,
+        wqes: impl IntoIterator<Item = (SendWqe, Option<UdSend<'a>>)>,
+    ) -> Result<()> {
+        let r = self.with(|s| {
+            for (index, (wqe, ud)) in wqes.into_iter().enumerate() {
+                if wqe.flags.inline && wqe.inline_data.len() > self.caps.max_inline_data as usize {
+                    return Err(VerbsError::Post {
+                        index,
+                        error: PostError::InlineTooLong {
+                            got: wqe.inline_data.len(),
+                            max: self.caps.max_inline_data,
+                        },
+                    });
+                }
+                let posted = match (&mut s.qp, ud) {
+                    (QpTransport::Rc(q), None) => q.post_send(wqe),
+                    (QpTransport::Ud(q), Some(ud)) => {
+                        if ud.ah.pd != self.pd || !Arc::ptr_eq(&ud.ah.shared, &self.shared) {
+                            return Err(VerbsError::InvalidArgument(
+                                "AH belongs to another protection domain",
+                            ));
+                        }
+                        let dest = UdDest {
+                            av: ud.ah.av(),
+                            remote_qpn: ud.remote_qpn,
+                            remote_qkey: ud.remote_qkey,
+                        };
+                        q.post_send(wqe, dest)
+                    }
+                    (QpTransport::Ud(_), None) => {
+                        return Err(VerbsError::InvalidArgument(
+                            "UD work request without an address handle",
+                        ))
+                    }
+                    (_, Some(_)) => {
+                        return Err(VerbsError::InvalidArgument(
+                            "an address handle on a connected QP's work request",
+                        ))
+                    }
+                };
+                posted.map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
         })?;

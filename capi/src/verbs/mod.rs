@@ -1,0 +1,14 @@
+//! libibverbs: `ibv_*` over softrdma's Verbs API.
+
+mod ah;
+mod async_event;
+mod context;
+mod cq;
+mod device;
+mod pd;
+mod qp;
+mod qp_ex;
+mod srq;
+mod strings;
+mod unsupported;
+mod wr;

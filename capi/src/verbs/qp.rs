@@ -1,0 +1,546 @@
+//! Queue pairs: `ibv_create_qp`, `ibv_create_qp_ex` (through the extended table),
+//! `ibv_modify_qp`, `ibv_query_qp`, `ibv_destroy_qp`, and the data path `ops.post_send` /
+//! `ops.post_recv`. The extended post API (`ibv_wr_*`) is in `qp_ex.rs`.
+
+use std::sync::Mutex;
+
+use softrdma::verbs::{
+    AccessFlags, Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendWqe, Sge,
+    UdSend, VerbsError,
+};
+
+use super::context::Ctx;
+use super::cq::Cq;
+use super::pd::Pd;
+use super::wr::{send_wqe, sges, to_sges};
+use crate::abi::*;
+use crate::handle::{fail_null, guard, Handle, Kind};
+
+#[repr(C)]
+pub(crate) struct Qp {
+    pub ibv: ibv_qp_ex,
+    pub rust: QueuePair,
+    pd: *const Pd,
+    send_cq: *const Cq,
+    recv_cq: *const Cq,
+    pub ud: bool,
+    pub max_inline: u32,
+    sq_sig_all: bool,
+    /// Work requests built with the `ibv_wr_*` calls, posted by `ibv_wr_complete`.
+    pub batch: Mutex<super::qp_ex::Batch>,
+}
+
+impl Handle for Qp {
+    type C = ibv_qp;
+    const KIND: Kind = Kind::Qp;
+}
+
+fn qp_type(t: u32) -> Option<QpType> {
+    match t {
+        IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UD => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+/// Creates a QP from the fields common to `ibv_qp_init_attr` and `ibv_qp_init_attr_ex`.
+#[allow(clippy::too_many_arguments)]
+fn create(
+    pd: *mut ibv_pd,
+    qp_context: *mut libc::c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: &mut ibv_qp_cap,
+    qp_type_c: u32,
+    sq_sig_all: bool,
+) -> *mut ibv_qp {
+    // SAFETY: checked handles.
+    let (Some(p), Some(scq), Some(rcq)) = (
+        unsafe { Pd::from_c(pd) },
+        unsafe { Cq::from_c(send_cq) },
+        unsafe { Cq::from_c(recv_cq) },
+    ) else {
+        return fail_null(libc::EINVAL);
+    };
+    if !srq.is_null() {
+        return fail_null(libc::EOPNOTSUPP);
+    }
+    let Some(t) = qp_type(qp_type_c) else {
+        // XRC, raw packet, driver QPs: not on this device. (UC comes with the transport.)
+        return fail_null(libc::EOPNOTSUPP);
+    };
+    let caps = QpCaps {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
+    };
+    let attr = QpInitAttr {
+        send_cq: &scq.rust,
+        recv_cq: &rcq.rust,
+        cap: caps,
+        qp_type: t,
+        sq_sig_all,
+    };
+    let rust = match p.rust.create_qp(&attr) {
+        Ok(q) => q,
+        Err(e) => return fail_null(e.errno()),
+    };
+    let granted = rust.caps();
+    cap.max_send_wr = granted.max_send_wr;
+    cap.max_recv_wr = granted.max_recv_wr;
+    cap.max_send_sge = granted.max_send_sge;
+    cap.max_recv_sge = granted.max_recv_sge;
+    cap.max_inline_data = granted.max_inline_data;
+    // SAFETY: ibv_qp_ex is C data (pointers, integers, pthread objects, NULL-able function
+    // pointers); all-zero is valid for each.
+    let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let b = &mut ibv.qp_base;
+    b.context = p.ibv.context;
+    b.qp_context = qp_context;
+    b.pd = pd;
+    b.send_cq = send_cq;
+    b.recv_cq = recv_cq;
+    b.srq = srq;
+    b.handle = rust.qp_num();
+    b.qp_num = rust.qp_num();
+    b.state = IBV_QPS_RESET;
+    b.qp_type = qp_type_c;
+    super::qp_ex::fill_ops(&mut ibv);
+    let qpn = rust.qp_num();
+    p.hold();
+    scq.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    rcq.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    let qp = Qp {
+        ibv,
+        ud: t == QpType::Ud,
+        max_inline: granted.max_inline_data,
+        rust,
+        pd: p,
+        send_cq: scq,
+        recv_cq: rcq,
+        sq_sig_all,
+        batch: Mutex::new(Default::default()),
+    };
+    let ptr = qp.into_c();
+    if let Some(ctx) = p.ctx() {
+        ctx.remember_qp(qpn, ptr as usize);
+    }
+    ptr
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller's attributes or NULL.
+        let Some(a) = (unsafe { qp_init_attr.as_mut() }) else {
+            return fail_null(libc::EINVAL);
+        };
+        create(
+            pd,
+            a.qp_context,
+            a.send_cq,
+            a.recv_cq,
+            a.srq,
+            &mut a.cap,
+            a.qp_type,
+            a.sq_sig_all != 0,
+        )
+    })
+}
+
+/// `verbs_context.create_qp_ex`.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: checked handle; the caller's attributes or NULL.
+        let (Some(_), Some(a)) = (unsafe { Ctx::from_ibv(context) }, unsafe { attr.as_mut() })
+        else {
+            return fail_null(libc::EINVAL);
+        };
+        let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !supported != 0 || a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !super::qp_ex::SUPPORTED_SEND_OPS != 0
+        {
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        create(
+            a.pd,
+            a.qp_context,
+            a.send_cq,
+            a.recv_cq,
+            a.srq,
+            &mut a.cap,
+            a.qp_type,
+            a.sq_sig_all != 0,
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: checked handle.
+    match unsafe { Qp::from_c(qp) } {
+        Some(_) => qp.cast(),
+        None => fail_null(libc::EINVAL),
+    }
+}
+
+fn state(v: u32) -> Option<QpState> {
+    Some(match v {
+        IBV_QPS_RESET => QpState::Reset,
+        IBV_QPS_INIT => QpState::Init,
+        IBV_QPS_RTR => QpState::Rtr,
+        IBV_QPS_RTS => QpState::Rts,
+        IBV_QPS_SQD => QpState::Sqd,
+        IBV_QPS_SQE => QpState::Sqe,
+        IBV_QPS_ERR => QpState::Err,
+        _ => return None,
+    })
+}
+
+/// `struct ibv_qp_attr` + mask as softrdma's attributes (a `Some` is in the mask).
+fn attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<QpAttr, i32> {
+    let mask = mask as u32;
+    let has = |bit: u32| mask & bit != 0;
+    let unsupported = IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE | IBV_QP_CAP | IBV_QP_RATE_LIMIT;
+    if mask & unsupported != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let mut r = QpAttr::default();
+    if has(IBV_QP_STATE) {
+        r.qp_state = Some(state(a.qp_state).ok_or(libc::EINVAL)?);
+    }
+    if has(IBV_QP_CUR_STATE) {
+        r.cur_qp_state = Some(state(a.cur_qp_state).ok_or(libc::EINVAL)?);
+    }
+    if has(IBV_QP_EN_SQD_ASYNC_NOTIFY) {
+        r.sq_draining = Some(a.en_sqd_async_notify != 0);
+    }
+    if has(IBV_QP_ACCESS_FLAGS) {
+        r.qp_access_flags = Some(AccessFlags(a.qp_access_flags & 0xf));
+    }
+    if has(IBV_QP_PKEY_INDEX) {
+        r.pkey_index = Some(a.pkey_index);
+    }
+    if has(IBV_QP_PORT) {
+        r.port_num = Some(a.port_num);
+    }
+    if has(IBV_QP_QKEY) {
+        r.qkey = Some(a.qkey);
+    }
+    if has(IBV_QP_AV) {
+        r.ah_attr = Some(super::ah::ah_attr_from_c(&a.ah_attr));
+    }
+    if has(IBV_QP_PATH_MTU) {
+        r.path_mtu = Some(Mtu::from_enum(a.path_mtu).ok_or(libc::EINVAL)?);
+    }
+    if has(IBV_QP_TIMEOUT) {
+        r.timeout = Some(a.timeout);
+    }
+    if has(IBV_QP_RETRY_CNT) {
+        r.retry_cnt = Some(a.retry_cnt);
+    }
+    if has(IBV_QP_RNR_RETRY) {
+        r.rnr_retry = Some(a.rnr_retry);
+    }
+    if has(IBV_QP_RQ_PSN) {
+        r.rq_psn = Some(a.rq_psn);
+    }
+    if has(IBV_QP_MAX_QP_RD_ATOMIC) {
+        r.max_rd_atomic = Some(a.max_rd_atomic);
+    }
+    if has(IBV_QP_MIN_RNR_TIMER) {
+        r.min_rnr_timer = Some(a.min_rnr_timer);
+    }
+    if has(IBV_QP_SQ_PSN) {
+        r.sq_psn = Some(a.sq_psn);
+    }
+    if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
+        r.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+    }
+    if has(IBV_QP_DEST_QPN) {
+        r.dest_qp_num = Some(a.dest_qp_num);
+    }
+    Ok(r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    attr_mask: i32,
+) -> i32 {
+    guard(libc::EIO, || {
+        // SAFETY: checked handle; the caller's attributes or NULL.
+        let (Some(q), Some(a)) = (unsafe { Qp::from_c(qp) }, unsafe { attr.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        let r = match attr_from_c(a, attr_mask) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        match q.rust.modify(&r) {
+            Ok(()) => {
+                if let Some(s) = r.qp_state {
+                    // SAFETY: `qp` is live (checked); programs read qp->state, as rdma-core
+                    // keeps it current after a modify.
+                    unsafe { (*qp).state = s as u32 };
+                }
+                0
+            }
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _attr_mask: i32,
+    init_attr: *mut ibv_qp_init_attr,
+) -> i32 {
+    guard(libc::EIO, || {
+        // SAFETY: checked handle; the caller's structs or NULL.
+        let (Some(q), Some(out), Some(init)) = (
+            unsafe { Qp::from_c(qp) },
+            unsafe { attr.as_mut() },
+            unsafe { init_attr.as_mut() },
+        ) else {
+            return libc::EINVAL;
+        };
+        let r = match q.rust.query() {
+            Ok(r) => r,
+            Err(e) => return e.errno(),
+        };
+        // SAFETY: ibv_qp_attr is plain C data; all-zero is valid.
+        *out = unsafe { std::mem::zeroed() };
+        let st = r.qp_state.unwrap_or(QpState::Reset) as u32;
+        out.qp_state = st;
+        out.cur_qp_state = st;
+        out.path_mtu = r.path_mtu.map_or(0, |m| m as u32);
+        out.qkey = r.qkey.unwrap_or(0);
+        out.rq_psn = r.rq_psn.unwrap_or(0);
+        out.sq_psn = r.sq_psn.unwrap_or(0);
+        out.dest_qp_num = r.dest_qp_num.unwrap_or(0);
+        out.qp_access_flags = r.qp_access_flags.map_or(0, |f| f.bits());
+        let caps = q.rust.caps();
+        let cap = ibv_qp_cap {
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+            max_inline_data: caps.max_inline_data,
+        };
+        out.cap = cap;
+        if let Some(av) = r.ah_attr {
+            super::ah::ah_attr_to_c(&av, &mut out.ah_attr);
+        }
+        out.pkey_index = r.pkey_index.unwrap_or(0);
+        out.sq_draining = r.sq_draining.unwrap_or(false) as u8;
+        out.max_rd_atomic = r.max_rd_atomic.unwrap_or(0);
+        out.max_dest_rd_atomic = r.max_dest_rd_atomic.unwrap_or(0);
+        out.min_rnr_timer = r.min_rnr_timer.unwrap_or(0);
+        out.port_num = r.port_num.unwrap_or(1);
+        out.timeout = r.timeout.unwrap_or(0);
+        out.retry_cnt = r.retry_cnt.unwrap_or(0);
+        out.rnr_retry = r.rnr_retry.unwrap_or(0);
+        let b = &q.ibv.qp_base;
+        // SAFETY: ibv_qp_init_attr is plain C data; all-zero is valid.
+        *init = unsafe { std::mem::zeroed() };
+        init.qp_context = b.qp_context;
+        init.send_cq = b.send_cq;
+        init.recv_cq = b.recv_cq;
+        init.srq = b.srq;
+        init.cap = cap;
+        init.qp_type = b.qp_type;
+        init.sq_sig_all = q.sq_sig_all as i32;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> i32 {
+    guard(libc::EIO, || {
+        // SAFETY: `take` checks the registry first; the program destroys it, so no other
+        // thread uses it.
+        let Some(q) = (unsafe { Qp::take(qp) }) else {
+            return libc::EINVAL;
+        };
+        let qpn = q.rust.qp_num();
+        // SAFETY: the QP held its PD and CQs, so they are live.
+        let (pd, scq, rcq) = unsafe { (&*q.pd, &*q.send_cq, &*q.recv_cq) };
+        if let Some(ctx) = pd.ctx() {
+            ctx.forget_qp(qpn);
+        }
+        drop(q);
+        scq.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        rcq.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        pd.release();
+        0
+    })
+}
+
+/// Posts converted WQEs; on failure sets `bad` to the WR at the failing index.
+///
+/// # Safety
+/// `first` heads the caller's WR list, of at least `index + 1` entries for any failing index.
+pub(crate) unsafe fn post_converted(
+    q: &Qp,
+    wqes: Vec<(SendWqe, Option<UdSend<'_>>)>,
+    first: *mut ibv_send_wr,
+    skip: usize,
+    bad: *mut *mut ibv_send_wr,
+) -> i32 {
+    match q.rust.post_send_wqes(wqes) {
+        Ok(()) => 0,
+        Err(e) => {
+            let index = e.bad_wr().unwrap_or(0) + skip;
+            let mut wr = first;
+            for _ in 0..index {
+                // SAFETY: the list has more than `index` entries (per the contract).
+                wr = unsafe { (*wr).next };
+            }
+            if !bad.is_null() {
+                // SAFETY: the caller's out pointer.
+                unsafe { *bad = wr };
+            }
+            e.errno()
+        }
+    }
+}
+
+/// `ops.post_send`: the data path, so the QP is only checked for NULL.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> i32 {
+    guard(libc::EIO, || {
+        // SAFETY: a handle the program got from ibv_create_qp.
+        let Some(q) = (unsafe { Qp::from_c_unchecked(qp) }) else {
+            return libc::EINVAL;
+        };
+        let mut wqes = Vec::new();
+        let mut cur = wr;
+        let mut failed = None;
+        while !cur.is_null() {
+            // SAFETY: the caller's WR list.
+            let w = unsafe { &*cur };
+            // SAFETY: the caller's WR, its SGEs and inline memory.
+            match unsafe { send_wqe(w, q.ud, q.max_inline) } {
+                Ok(x) => wqes.push(x),
+                Err(e) => {
+                    failed = Some((cur, e));
+                    break;
+                }
+            }
+            cur = w.next;
+        }
+        // The WRs before a bad one are posted, as a device posts them.
+        // SAFETY: `wr` heads the list the WQEs came from.
+        let r = unsafe { post_converted(q, wqes, wr, 0, bad_wr) };
+        match failed {
+            Some((w, e)) if r == 0 => {
+                if !bad_wr.is_null() {
+                    // SAFETY: the caller's out pointer.
+                    unsafe { *bad_wr = w };
+                }
+                e
+            }
+            _ => r,
+        }
+    })
+}
+
+/// `ops.post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> i32 {
+    guard(libc::EIO, || {
+        // SAFETY: a handle the program got from ibv_create_qp.
+        let Some(q) = (unsafe { Qp::from_c_unchecked(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller's WR list.
+        unsafe { post_recv_list(wr, bad_wr, |wrs| q.rust.post_recv(wrs)) }
+    })
+}
+
+/// Converts a receive WR list and posts it with `post`; shared with SRQs.
+///
+/// # Safety
+/// `wr` heads the caller's valid WR list.
+pub(crate) unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl FnOnce(&[RecvWr<'_>]) -> Result<(), VerbsError>,
+) -> i32 {
+    let mut nodes = Vec::new();
+    let mut lists: Vec<Vec<Sge>> = Vec::new();
+    let mut cur = wr;
+    let mut failed = None;
+    while !cur.is_null() {
+        // SAFETY: the caller's WR list.
+        let w = unsafe { &*cur };
+        // SAFETY: the WR's SGE array.
+        match unsafe { sges(w.sg_list, w.num_sge) } {
+            Ok(s) => {
+                lists.push(to_sges(s));
+                nodes.push(cur);
+            }
+            Err(e) => {
+                failed = Some((cur, e));
+                break;
+            }
+        }
+        cur = w.next;
+    }
+    let wrs: Vec<RecvWr<'_>> = nodes
+        .iter()
+        .zip(&lists)
+        // SAFETY: each node is one of the caller's WRs.
+        .map(|(n, s)| RecvWr {
+            wr_id: unsafe { (**n).wr_id },
+            sg_list: s,
+        })
+        .collect();
+    let set_bad = |w: *mut ibv_recv_wr| {
+        if !bad_wr.is_null() {
+            // SAFETY: the caller's out pointer.
+            unsafe { *bad_wr = w };
+        }
+    };
+    if let Err(e) = post(&wrs) {
+        set_bad(nodes[e.bad_wr().unwrap_or(0).min(nodes.len().saturating_sub(1))]);
+        return e.errno();
+    }
+    match failed {
+        Some((w, e)) => {
+            set_bad(w);
+            e
+        }
+        None => 0,
+    }
+}
+
+versioned!(
+    ibv_create_qp @ "IBVERBS_1.1",
+    ibv_qp_to_qp_ex @ "IBVERBS_1.6",
+    ibv_modify_qp @ "IBVERBS_1.1",
+    ibv_query_qp @ "IBVERBS_1.1",
+    ibv_destroy_qp @ "IBVERBS_1.1",
+);
