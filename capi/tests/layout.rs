@@ -95,7 +95,9 @@ fn structures_match_the_system_headers() {
         "compiling against the system headers failed (install libibverbs-dev and librdmacm-dev):\n{}",
         String::from_utf8_lossy(&cc.stderr)
     );
-    let out = std::process::Command::new(&exe).output().expect("layout runs");
+    let out = std::process::Command::new(&exe)
+        .output()
+        .expect("layout runs");
     let c_values: BTreeMap<String, usize> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {

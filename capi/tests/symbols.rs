@@ -44,7 +44,11 @@ fn pairs(file: &str, name_col: usize) -> Vec<(String, String, String)> {
 fn every_import_of_debians_rdma_programs_is_exported_at_its_version() {
     let ours = exported();
     let imports = pairs("debian-12-imports.txt", 2);
-    assert!(imports.len() > 500, "the import list is there ({} lines)", imports.len());
+    assert!(
+        imports.len() > 500,
+        "the import list is there ({} lines)",
+        imports.len()
+    );
     let missing: BTreeSet<String> = imports
         .iter()
         .filter(|(_, ver, name)| !ours.contains(&(name.clone(), ver.clone())))
@@ -76,7 +80,8 @@ fn soname_is_libibverbs_so_1() {
         .expect("objdump runs");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.lines().any(|l| l.contains("SONAME") && l.trim_end().ends_with("libibverbs.so.1")),
+        text.lines()
+            .any(|l| l.contains("SONAME") && l.trim_end().ends_with("libibverbs.so.1")),
         "{text}"
     );
 }

@@ -18,7 +18,11 @@ fn ibv_devices_lists_softrdmas_devices() {
         .arg("devices")
         .output()
         .expect("softrdma devices");
-    let o = wait(run("ibv_devices", &[]).spawn().unwrap(), "ibv_devices", LIMIT);
+    let o = wait(
+        run("ibv_devices", &[]).spawn().unwrap(),
+        "ibv_devices",
+        LIMIT,
+    );
     assert!(o.status.success(), "{}", text(&o));
     let listed = String::from_utf8_lossy(&o.stdout).to_string();
     let names: Vec<String> = String::from_utf8_lossy(&ours.stdout)
@@ -28,7 +32,10 @@ fn ibv_devices_lists_softrdmas_devices() {
         .collect();
     assert!(!names.is_empty(), "softrdma lists devices");
     for n in &names {
-        assert!(listed.contains(n.as_str()), "{n} missing from ibv_devices:\n{listed}");
+        assert!(
+            listed.contains(n.as_str()),
+            "{n} missing from ibv_devices:\n{listed}"
+        );
     }
 }
 
@@ -38,10 +45,20 @@ fn ibv_devinfo_shows_an_active_roce_port() {
         eprintln!("skipped: ibverbs-utils is not installed");
         return;
     }
-    let o = wait(run("ibv_devinfo", &["-v"]).spawn().unwrap(), "ibv_devinfo", LIMIT);
+    let o = wait(
+        run("ibv_devinfo", &["-v"]).spawn().unwrap(),
+        "ibv_devinfo",
+        LIMIT,
+    );
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    for want in ["hca_id:\tsrxe", "PORT_ACTIVE (4)", "link_layer:\t\tEthernet", "GID[  0]:", "::ffff:"] {
+    for want in [
+        "hca_id:\tsrxe",
+        "PORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:",
+        "::ffff:",
+    ] {
         assert!(out.contains(want), "no {want:?} in:\n{out}");
     }
 }
