@@ -121,3 +121,8 @@ fn ibv_rc_pingpong_new_send_api() {
 fn ibv_ud_pingpong() {
     pingpong("ibv_ud_pingpong", &["-s", "1024"], 500);
 }
+
+#[test]
+fn ibv_srq_pingpong_sixteen_qps_on_one_srq() {
+    pingpong("ibv_srq_pingpong", &["-s", "2048"], 200);
+}
