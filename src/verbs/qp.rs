@@ -342,7 +342,7 @@ impl QueuePair {
         &self,
         wqes: impl IntoIterator<Item = (SendWqe, Option<UdSend<'a>>)>,
     ) -> Result<()> {
-        let r = self.with(|s| {
+        self.with(|s| {
             for (index, (wqe, ud)) in wqes.into_iter().enumerate() {
                 if wqe.flags.inline && wqe.inline_data.len() > self.caps.max_inline_data as usize {
                     return Err(VerbsError::Post {
@@ -382,8 +382,7 @@ impl QueuePair {
                 posted.map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
-        })?;
-        r
+        })?
     }
 
     /// The send WQE of one WR; inline data is copied now.
