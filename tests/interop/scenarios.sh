@@ -111,6 +111,30 @@ rc_pingpong_pair 10k      "-g 1 -n 100 -s 10000"
 rc_pingpong_pair 10k-m4096 "-g 1 -n 100 -s 10000 -m 4096"
 rc_pingpong_pair 4k-events "-g 1 -n 100 -s 4096 -e"
 
+# --- softrdma <-> kernel: ibv_uc_pingpong (examples/rc_pingpong.rs --uc). ------------------------
+# ibv_uc_pingpong's flow is ibv_rc_pingpong's with a UC QP (RTR: path, MTU, QPN, PSN; RTS: the send
+# PSN only): the same TCP exchange and output. UC has no retransmission, so a lost packet would
+# hang a run; the tap loses none at one message in flight. Multi-packet messages at 1024 and 4096.
+# uc_pingpong_pair TAG ARGS: kernel server + softrdma client, then softrdma server + kernel client.
+uc_pingpong_pair() {
+  local tag=$1 args=$2 n s bytes
+  n=$(sed -nE 's/.*-n ([0-9]+).*/\1/p' <<<"$args"); s=$(sed -nE 's/.*-s ([0-9]+).*/\1/p' <<<"$args")
+  bytes=$((2 * n * s))
+  scenario "uc-pingpong-$tag-kernel-server" role=host-client needs=rc_pingpong timeout=60 \
+    desc="kernel ibv_uc_pingpong $args server in the guest, softrdma rc_pingpong --uc client" \
+    guest="ibv_uc_pingpong -d rxe0 $args & srv=\$!; wait_listen 18515 && ready && wait \$srv" \
+    host="\"\$EX/rc_pingpong\" --uc $args \$GUEST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+  scenario "uc-pingpong-$tag-host-server" role=host-server needs=rc_pingpong timeout=60 \
+    desc="softrdma rc_pingpong --uc $args server, kernel ibv_uc_pingpong client in the guest" \
+    host="\"\$EX/rc_pingpong\" --uc $args" host_ready='host_listening 18515' \
+    guest="ibv_uc_pingpong -d rxe0 $args \$HOST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+}
+uc_pingpong_pair 4k        "-g 1 -n 100 -s 4096"
+uc_pingpong_pair 10k-m4096 "-g 1 -n 100 -s 10000 -m 4096"
+uc_pingpong_pair 4k-events "-g 1 -n 100 -s 4096 -e"
+
 # --- softrdma <-> kernel: ud_pingpong (examples/ud_pingpong.rs), SKIP until it is built. ----------
 # Same exchange as rc_pingpong (TCP 18515, LID:QPN:PSN:GID); every message is one UD SEND with
 # Q_Key 0x11111111 to an AH built from the peer's GID; receive buffers start with the 40-byte GRH
