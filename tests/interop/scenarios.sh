@@ -312,3 +312,7 @@ capi_pair srq-pingpong \
   'ibv_srq_pingpong -d rxe0 -g 1 -n 50 -s 4096' 'ibv_srq_pingpong -g 1 -n 50 -s 4096 $GUEST_IP' \
   'ibv_srq_pingpong -g 1 -n 50 -s 4096' 'ibv_srq_pingpong -d rxe0 -g 1 -n 50 -s 4096 $HOST_IP' \
   '^409600 bytes in [0-9.]+ seconds'
+capi_pair uc-pingpong \
+  'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -g 1 -n 100 -s 4096 $GUEST_IP' \
+  'ibv_uc_pingpong -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096 $HOST_IP' \
+  '^819200 bytes in [0-9.]+ seconds'
