@@ -108,7 +108,9 @@ pub fn compile_c(name: &str) -> PathBuf {
     let exe = dir.join(name);
     std::fs::create_dir_all(exe.parent().expect("parent")).expect("temp dir");
     let o = Command::new("cc")
-        .args(["-O1", "-Wall", "-o"])
+        .args(["-O1", "-Wall", "-I"])
+        .arg(src.parent().expect("tests/c"))
+        .arg("-o")
         .arg(&exe)
         .arg(&src)
         .args(["-libverbs", "-lrdmacm", "-lpthread"])
