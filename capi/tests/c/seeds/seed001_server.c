@@ -230,8 +230,11 @@ void register_memory(struct connection *conn)
 
 void on_completion(struct ibv_wc *wc)
 {
-  if (wc->status != IBV_WC_SUCCESS)
+  if (wc->status != IBV_WC_SUCCESS) {
+    fprintf(stderr, "on_completion: %s (opcode %d)\n", ibv_wc_status_str(wc->status),
+            wc->opcode); /* completed */
     die("on_completion: status is not IBV_WC_SUCCESS.");
+  }
 
   struct connection *conn = (struct connection *)(uintptr_t)wc->wr_id; /* completed: both */
 

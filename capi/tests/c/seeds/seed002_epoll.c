@@ -21,10 +21,11 @@
  *    rdma_bind_addr, rdma_listen) or a client (rdma_create_id, rdma_resolve_addr) on the first
  *    device's IPv4 address (its IPv4-mapped GID) and the given port; handle_cm_event resolves the
  *    route, creates the QP on the CQ (rdma_create_qp), registers memory, posts the receive and
- *    accepts or connects; a refused client (nobody listens yet) exits with status 75;
+ *    accepts or connects; a refused client (nobody listens yet) exits with status 75 (a
+ *    receive flushed before the connection is established is left to that CM event);
  *  - the data and its check: the client SENDs MSG_SIZE bytes of one pattern, the server checks
  *    them and SENDs back MSG_SIZE bytes of another, which the client checks; the server
- *    disconnects once its reply's completion is in; each side leaves the loop when it is
+ *    disconnects once its reply's completion is in and ESTABLISHED was reported; each side leaves the loop when it is
  *    disconnected and has seen every completion it expects (the seed loops forever);
  *  - cleanup of what the completion added (QP, MRs, ids, PD, completion channel, device list).
  *
@@ -64,7 +65,7 @@ static struct ibv_pd *pd;
 static struct ibv_comp_channel *comp_channel;
 static struct ibv_cq *cq;
 static struct connection *conn;
-static int sent, received, disconnected;
+static int sent, received, disconnected, established, disconnecting;
 
 static void fail(const char *what)
 {
@@ -115,6 +116,18 @@ static struct connection *build_connection(struct rdma_cm_id *id)
   return c;
 }
 
+/* completed: the server disconnects once its reply is complete and the connection has been
+ * reported established (a DREQ cannot be sent before: the first packets of a connection may
+ * arrive, and complete, before the RTU does) */
+static void maybe_disconnect(void)
+{
+  if (server && sent && established && !disconnecting) {
+    disconnecting = 1;
+    if (rdma_disconnect(conn->id))
+      fail("rdma_disconnect");
+  }
+}
+
 /* completed: SEND the buffer filled with pattern `which` */
 static void send_pattern(struct connection *c, int which)
 {
@@ -159,8 +172,10 @@ void handle_cm_event(struct rdma_cm_event *event) {
       fail("rdma_accept");
     break;
   case RDMA_CM_EVENT_ESTABLISHED:
+    established = 1;
     if (!server)
       send_pattern(conn, 1);
+    maybe_disconnect();
     break;
   case RDMA_CM_EVENT_DISCONNECTED:
     disconnected = 1;
@@ -186,6 +201,10 @@ void handle_cq_event(struct ibv_wc *wc) {
   struct connection *c = (struct connection *)(uintptr_t)wc->wr_id;
 
   if (wc->status != IBV_WC_SUCCESS) {
+    /* A receive flushed because the connection attempt failed (librdmacm moves the QP to the
+     * error state on REJECTED): the CM event says why. */
+    if (wc->status == IBV_WC_WR_FLUSH_ERR && !established)
+      return;
     fprintf(stderr, "%s: completion status %s\n", who, ibv_wc_status_str(wc->status));
     exit(1);
   }
@@ -208,8 +227,7 @@ void handle_cq_event(struct ibv_wc *wc) {
   } else if (wc->opcode == IBV_WC_SEND) {
     printf("%s: send completed\n", who);
     sent = 1;
-    if (server && rdma_disconnect(c->id))
-      fail("rdma_disconnect");
+    maybe_disconnect();
   } else {
     fprintf(stderr, "%s: unexpected completion opcode %d\n", who, wc->opcode);
     exit(1);
