@@ -20,4 +20,5 @@ pub mod abi;
 mod export;
 mod handle;
 mod stubs;
+mod rdmacm;
 mod verbs;

@@ -316,7 +316,7 @@ impl CmaCore {
                         }
                         st.conn = None;
                     }
-                    if let Some(ch) = rec.inner.channel.upgrade() {
+                    if let Some(ch) = rec.inner.channel().upgrade() {
                         expired.extend(ch.purge(&rec.inner));
                     }
                 }
@@ -602,9 +602,7 @@ pub(crate) fn ud_av(gid: [u8; 16]) -> AddressVector {
 }
 
 fn push(owner: &Arc<IdInner>, ev: RawEvent) {
-    if let Some(ch) = owner.channel.upgrade() {
-        ch.push(ev);
-    }
+    owner.push_event(ev);
 }
 
 /// INIT → RTR → RTS for a connected RC QP, with what the CM settled.

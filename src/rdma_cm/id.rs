@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::channel::ChannelInner;
+use super::channel::{ChannelInner, EventChannel};
 use super::core::{CmaCore, ModifyQp, Transition, DESTROY_GEN};
 use super::error::{CmaError, Result};
 use super::event::{ConnParam, EventParam, EventType, RawEvent};
@@ -115,7 +115,9 @@ struct EvCount {
 
 pub(crate) struct IdInner {
     pub ps: PortSpace,
-    pub channel: Weak<ChannelInner>,
+    /// The channel events go to; [`CmId::migrate`] changes it. Held while an event is queued,
+    /// so no event goes to a channel the id has left.
+    channel: Mutex<Weak<ChannelInner>>,
     st: Mutex<IdState>,
     destroyed: AtomicBool,
     ev: Mutex<EvCount>,
@@ -126,7 +128,7 @@ impl IdInner {
     fn new(channel: Weak<ChannelInner>, ps: PortSpace, st: IdState) -> Arc<IdInner> {
         Arc::new(IdInner {
             ps,
-            channel,
+            channel: Mutex::new(channel),
             st: Mutex::new(st),
             destroyed: AtomicBool::new(false),
             ev: Mutex::new(EvCount::default()),
@@ -158,7 +160,7 @@ impl IdInner {
             req: Some(req),
             ..blank_state()
         };
-        IdInner::new(listener.channel.clone(), listener.ps, st)
+        IdInner::new(listener.channel(), listener.ps, st)
     }
 
     /// The id of an incoming SIDR request (UDP port space), on `listener`'s channel.
@@ -179,7 +181,23 @@ impl IdInner {
             sidr_peer: Some(peer_gid),
             ..blank_state()
         };
-        IdInner::new(listener.channel.clone(), listener.ps, st)
+        IdInner::new(listener.channel(), listener.ps, st)
+    }
+
+    /// The channel the id reports to.
+    pub(crate) fn channel(&self) -> Weak<ChannelInner> {
+        self.channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Queue `ev` on the id's current channel (a no-op if the channel is gone).
+    pub(crate) fn push_event(&self, ev: RawEvent) {
+        let ch = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ch) = ch.upgrade() {
+            ch.push(ev);
+        }
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, IdState> {
@@ -296,6 +314,13 @@ impl PartialEq for CmId {
 }
 impl Eq for CmId {}
 
+impl std::hash::Hash for CmId {
+    /// Clones of one id hash alike (ids can key a map, as a C binding's does).
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        Arc::as_ptr(&self.0.inner).hash(h);
+    }
+}
+
 /// The backlog of `listen(0)` (the kernel's `max_backlog` default).
 const DEFAULT_BACKLOG: usize = 1024;
 
@@ -330,9 +355,36 @@ impl CmId {
     }
 
     fn push(&self, ev: EventType, status: i32) {
-        if let Some(ch) = self.inner().channel.upgrade() {
-            ch.push(RawEvent::new(self.clone(), ev, status, EventParam::None));
+        self.inner()
+            .push_event(RawEvent::new(self.clone(), ev, status, EventParam::None));
+    }
+
+    /// `rdma_migrate_id`: report this id's events on `channel` from now on; its events queued
+    /// and not yet retrieved move there too. (A listener's CONNECT_REQUESTs already queued
+    /// move with it.)
+    pub fn migrate(&self, channel: &EventChannel) {
+        let mut cur = self
+            .inner()
+            .channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let old = cur.upgrade();
+        *cur = Arc::downgrade(&channel.inner);
+        if let Some(old) = old {
+            if !Arc::ptr_eq(&old, &channel.inner) {
+                for ev in old.purge(self.inner()) {
+                    channel.inner.push(ev);
+                }
+            }
         }
+    }
+
+    /// The channel the id reports to (`id->channel`), if it still exists.
+    pub fn channel(&self) -> Option<EventChannel> {
+        self.inner()
+            .channel()
+            .upgrade()
+            .map(|inner| EventChannel { inner })
     }
 
     fn check_phase(st: &IdState, ok: &[Phase]) -> Result<()> {
@@ -876,7 +928,7 @@ impl CmId {
     fn finish_destroy(self) {
         let inner = self.inner().clone();
         inner.teardown();
-        if let Some(ch) = inner.channel.upgrade() {
+        if let Some(ch) = inner.channel().upgrade() {
             let purged = ch.purge(&inner);
             drop(purged);
         }
