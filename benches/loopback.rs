@@ -54,6 +54,7 @@ fn end(ctx: Context) -> End {
             cap: QpCaps::default(),
             qp_type: QpType::Rc,
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;

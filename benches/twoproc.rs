@@ -142,6 +142,7 @@ impl Side {
                     cap: QpCaps::default(),
                     qp_type: QpType::Rc,
                     sq_sig_all: true,
+                    srq: None,
                 })
                 .unwrap()
             })

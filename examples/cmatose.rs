@@ -149,6 +149,7 @@ impl Test {
                     },
                     qp_type: QpType::Rc,
                     sq_sig_all: true,
+                    srq: None,
                 },
             )
             .map_err(|e| format!("cmatose: unable to create QP: {e}"))?;

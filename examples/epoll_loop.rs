@@ -97,6 +97,7 @@ impl Conn {
                     },
                     qp_type: QpType::Rc,
                     sq_sig_all: false,
+                    srq: None,
                 },
             )
             .map_err(|e| format!("rdma_create_qp: {e}"))?;

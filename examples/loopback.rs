@@ -62,6 +62,7 @@ fn side(name: &'static str, ctx: Context, psn: u32) -> Res<Side> {
             },
             qp_type: QpType::Rc,
             sq_sig_all: true,
+            srq: None,
         })
         .map_err(e("create_qp"))?;
     let access = AccessFlags::LOCAL_WRITE

@@ -218,6 +218,7 @@ impl Cb {
                     },
                     qp_type: QpType::Rc,
                     sq_sig_all: false,
+                    srq: None,
                 },
             )
             .map_err(|e| format!("rdma_create_qp: {e}"))?;

@@ -278,6 +278,7 @@ fn init_ctx(o: &Opts) -> Result<Pingpong, String> {
             },
             qp_type: QpType::Ud,
             sq_sig_all: false,
+            srq: None,
         })
         .map_err(|e| format!("Couldn't create QP: {e}"))?;
     let mut send_flags = SendFlags {

@@ -160,6 +160,7 @@ impl Test {
                     },
                     qp_type: QpType::Ud,
                     sq_sig_all: false,
+                    srq: None,
                 },
             )
             .map_err(|e| format!("udaddy: unable to create QP: {e}"))?;

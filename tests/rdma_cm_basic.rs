@@ -44,6 +44,7 @@ fn resources(id: &CmId) -> Res {
                 cap: QpCaps::default(),
                 qp_type: QpType::Rc,
                 sq_sig_all: false,
+                srq: None,
             },
         )
         .unwrap();

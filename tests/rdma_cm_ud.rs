@@ -35,6 +35,7 @@ fn ud_resources(id: &CmId) -> Res {
         cap: QpCaps::default(),
         qp_type: t,
         sq_sig_all: false,
+        srq: None,
     };
     // A UDP-port-space id takes a UD QP only.
     assert!(id.create_qp(&pd, &attr(QpType::Rc)).is_err());

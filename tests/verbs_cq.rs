@@ -22,6 +22,7 @@ fn err_qp(ctx: &Context, cq: &CompletionQueue) -> QueuePair {
             cap: QpCaps::default(),
             qp_type: QpType::Rc,
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     qp.modify(&QpAttr {
@@ -223,6 +224,7 @@ fn cq_and_channel_must_share_the_context() {
             cap: QpCaps::default(),
             qp_type: QpType::Rc,
             sq_sig_all: false,
+            srq: None,
         })
         .is_err());
 }

@@ -119,6 +119,7 @@ fn two_contexts_share_the_loopback_device() {
                 cap: Default::default(),
                 qp_type: softrdma::verbs::QpType::Rc,
                 sq_sig_all: false,
+                srq: None,
             })
             .unwrap();
         qp.qp_num()

@@ -598,6 +598,7 @@ fn channel_wait_and_solicited_events() {
             cap: Default::default(),
             qp_type: softrdma::verbs::QpType::Rc,
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     connect(&a.qp, 1, bqp.qp_num(), 2, bctx.gid());

@@ -20,6 +20,7 @@ fn qpns_start_at_0x11_and_caps_are_checked() {
             cap,
             qp_type: QpType::Rc,
             sq_sig_all: false,
+            srq: None,
         })
     };
     let q1 = mk(QpCaps::default()).unwrap();

@@ -43,6 +43,7 @@ impl UdEnd {
                 cap: QpCaps::default(),
                 qp_type: QpType::Ud,
                 sq_sig_all: false,
+                srq: None,
             })
             .unwrap();
         let mr = pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
@@ -528,6 +529,7 @@ fn post_send_ud_needs_a_ud_qp_and_an_ah_of_its_pd() {
             cap: QpCaps::default(),
             qp_type: QpType::Rc,
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     let ah = a.ah_to(&b);

@@ -187,6 +187,7 @@ impl Endpoint {
                 },
                 qp_type: QpType::Rc,
                 sq_sig_all: true,
+                srq: None,
             })
             .map_err(e("create_qp"))?;
         let mr = pd.alloc_mr(mr_len, access).map_err(e("alloc_mr"))?;

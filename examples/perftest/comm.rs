@@ -205,6 +205,7 @@ impl CmLink {
                     cap: qp_caps(1, 1),
                     qp_type: QpType::Rc,
                     sq_sig_all: false,
+                    srq: None,
                 },
             )
             .map_err(|e| format!("rdma_create_qp: {e}"))?;

@@ -387,6 +387,7 @@ fn run(o: Opts) -> Result<(), String> {
         },
         qp_type: QpType::Rc,
         sq_sig_all: false,
+        srq: None,
     };
     // With -R the test's QP is connected by rdma_cm too (`create_rdma_cm_connection`), between
     // two handshakes; the CM moves it to RTS. Without, it is moved by hand after the keys.

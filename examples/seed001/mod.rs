@@ -89,6 +89,7 @@ pub fn build_connection(s: &DevContext, id: &CmId) -> Connection {
                 },
                 qp_type: QpType::Rc,
                 sq_sig_all: false,
+                srq: None,
             },
         )
         .unwrap_or_else(|e| die(&format!("error: rdma_create_qp failed: {e}")));

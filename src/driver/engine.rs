@@ -16,7 +16,7 @@ use crate::rdma_cm::core::{CmaCore, ModifyQp};
 use crate::transport::ud::{net_header_v4, UdQp};
 use crate::transport::{CqSide, QpAttr, QpState, RcQp};
 use crate::verbs::{
-    guid_from_ipv4, ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, VerbsError,
+    guid_from_ipv4, ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, SrqShared, VerbsError,
 };
 use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
 use crate::wire::packet::possible_len;
@@ -107,6 +107,27 @@ pub(crate) struct QpSlot {
     /// The state after the last verb or drive: a change to ERR in between is the transport's
     /// doing, reported as `IBV_EVENT_QP_FATAL`.
     pub last_state: QpState,
+    /// The shared receive queue the QP takes its receive WQEs from, lent to the transport
+    /// with each packet it is fed (as the memory is).
+    pub srq: Option<Arc<SrqShared>>,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` was raised for the QP's current stay in ERR.
+    pub last_wqe_reported: bool,
+}
+
+impl QpSlot {
+    /// A QP on an SRQ raises `IBV_EVENT_QP_LAST_WQE_REACHED` once each time it enters ERR (by
+    /// a verb, the CM or the transport): it takes no more WQEs from the SRQ. Called after
+    /// every verb and drive.
+    pub fn check_last_wqe(&mut self, qpn: u32, events: &AsyncQueue) {
+        if self.srq.is_none() {
+            return;
+        }
+        let err = self.qp.state() == QpState::Err;
+        if err && !self.last_wqe_reported {
+            events.push(AsyncEvent::QpLastWqeReached { qp_num: qpn });
+        }
+        self.last_wqe_reported = err;
+    }
 }
 
 pub(crate) struct Engine {
@@ -268,6 +289,7 @@ impl Engine {
                     events.push(AsyncEvent::QpFatal { qp_num: qpn });
                 }
                 slot.last_state = st;
+                slot.check_last_wqe(qpn, events);
             }
         }
         dirty.clear();
@@ -337,6 +359,8 @@ impl Engine {
             return;
         };
         let mem = mrs.for_pd(slot.pd);
+        // A QP on a shared receive queue is lent it, locked, for this packet.
+        let mut srq = slot.srq.as_deref().map(|s| (s, s.lock()));
         match &mut slot.qp {
             QpTransport::Rc(rc) => {
                 // A connected QP takes packets from its peer only: anyone can send to UDP 4791,
@@ -345,7 +369,10 @@ impl Engine {
                     self.stats.rx_bad_source += 1;
                     return;
                 }
-                rc.handle_packet(now, &pkt, &mem)
+                match &mut srq {
+                    Some((_, q)) => rc.handle_packet_srq(now, &pkt, &mem, q),
+                    None => rc.handle_packet(now, &pkt, &mem),
+                }
             }
             QpTransport::Ud(ud) => {
                 // The IPv4 header as it arrived (IP ID recovered by the ICRC check above).
@@ -353,8 +380,14 @@ impl Engine {
                     self.stats.rx_malformed += 1;
                     return;
                 };
-                ud.handle_packet(&pkt, &net, &mem);
+                match &mut srq {
+                    Some((_, q)) => ud.handle_packet_srq(&pkt, &net, &mem, q),
+                    None => ud.handle_packet(&pkt, &net, &mem),
+                }
             }
+        }
+        if let Some((s, mut q)) = srq {
+            s.raise_events(&mut q);
         }
         if !self.dirty.contains(&qpn) {
             self.dirty.push(qpn);

@@ -22,6 +22,7 @@ use crate::transport::memory::{gather_all, scatter, MemoryAccess};
 use crate::transport::modify::{attr_mask, attr_names, check_transition};
 use crate::transport::modify::{CUR_STATE, PKEY, PORT, QKEY, SQ_DRAINING, SQ_PSN};
 use crate::transport::rc::{check_send_lists, PostError, QpError};
+use crate::transport::srq::Srq;
 use crate::transport::types::*;
 use crate::wire::gid::gid_from_ipv4;
 use crate::wire::{bth, deth::GSI_QKEY, Bth, Deth, Kind, Opcode, Packet, Psn, Service};
@@ -220,10 +221,15 @@ pub struct UdDrops {
 }
 
 /// One UD queue pair's transport state.
+///
+/// A QP made by [`UdQp::with_srq`] has no receive queue: it takes receive WQEs from the shared
+/// receive queue the driver passes to [`UdQp::handle_packet_srq`].
 pub struct UdQp {
     qpn: u32,
     caps: QpCaps,
     sq_sig_all: bool,
+    /// Receive WQEs come from a shared receive queue.
+    srq: bool,
     /// The port's MTU: UD messages are at most one packet of this size (rxe: `port.mtu_cap`).
     mtu: Mtu,
     state: QpState,
@@ -249,6 +255,7 @@ impl UdQp {
             qpn: qpn & 0x00ff_ffff,
             caps,
             sq_sig_all,
+            srq: false,
             mtu: port_mtu,
             state: QpState::Reset,
             qkey: if qpn == 1 { GSI_QKEY } else { 0 },
@@ -265,11 +272,30 @@ impl UdQp {
         }
     }
 
+    /// A new UD QP in RESET that takes its receive WQEs from a shared receive queue (lent with
+    /// each packet, [`UdQp::handle_packet_srq`]) and has none of its own: `caps.max_recv_wr`
+    /// and `max_recv_sge` are ignored (0), and [`UdQp::post_recv`] fails.
+    pub fn with_srq(qpn: u32, caps: QpCaps, sq_sig_all: bool, port_mtu: Mtu) -> Self {
+        let caps = QpCaps {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..caps
+        };
+        UdQp {
+            srq: true,
+            ..UdQp::new(qpn, caps, sq_sig_all, port_mtu)
+        }
+    }
+
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
     pub fn state(&self) -> QpState {
         self.state
+    }
+    /// The QP takes its receive WQEs from a shared receive queue.
+    pub fn uses_srq(&self) -> bool {
+        self.srq
     }
     pub fn qkey(&self) -> u32 {
         self.qkey
@@ -412,6 +438,9 @@ impl UdQp {
 
     /// `ibv_post_recv`. Each buffer must leave room for the 40-byte GRH area before the payload.
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
+        if self.srq {
+            return Err(PostError::HasSrq);
+        }
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState(self.state));
         }
@@ -437,7 +466,37 @@ impl UdQp {
 
     /// A packet addressed to this QP, with the network header it arrived with (ICRC already
     /// verified by the driver). Anything that is not an acceptable UD SEND is dropped silently.
+    /// A QP made by [`UdQp::with_srq`] takes [`UdQp::handle_packet_srq`] instead: given no SRQ
+    /// here, it has no receive WQE (the packet is dropped).
     pub fn handle_packet(&mut self, pkt: &Packet<'_>, net: &NetHeader, mem: &dyn MemoryAccess) {
+        if self.srq {
+            self.on_packet(pkt, net, mem, Some(&mut Srq::default()));
+        } else {
+            self.on_packet(pkt, net, mem, None);
+        }
+    }
+
+    /// [`UdQp::handle_packet`] for a QP made by [`UdQp::with_srq`], with the shared receive
+    /// queue it takes receive WQEs from (on a QP with its own receive queue, `srq` is not
+    /// touched). Collect [`Srq::take_limit_event`] afterwards.
+    pub fn handle_packet_srq(
+        &mut self,
+        pkt: &Packet<'_>,
+        net: &NetHeader,
+        mem: &dyn MemoryAccess,
+        srq: &mut Srq,
+    ) {
+        let srq = if self.srq { Some(srq) } else { None };
+        self.on_packet(pkt, net, mem, srq);
+    }
+
+    fn on_packet(
+        &mut self,
+        pkt: &Packet<'_>,
+        net: &NetHeader,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+    ) {
         // The receive side works in RTR, RTS and SQD (IBA 10.3.1).
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             self.drops.invalid += 1;
@@ -465,7 +524,11 @@ impl UdQp {
             return;
         }
         // No receive WQE: dropped (UD has no RNR; class D).
-        let Some(wqe) = self.rq.pop_front() else {
+        let wqe = match srq {
+            Some(s) => s.take(),
+            None => self.rq.pop_front(),
+        };
+        let Some(wqe) = wqe else {
             self.drops.no_wqe += 1;
             return;
         };

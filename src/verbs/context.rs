@@ -41,6 +41,7 @@ pub(crate) struct Shared {
     /// `max_pd` and `max_cq`, enforced.
     pub(crate) pd_quota: Arc<Quota>,
     pub(crate) cq_quota: Arc<Quota>,
+    pub(crate) srq_quota: Arc<Quota>,
 }
 
 impl Shared {
@@ -225,6 +226,7 @@ impl Context {
             deferred_removals: Mutex::new(Vec::new()),
             pd_quota: Quota::new(MAX_PD, "max_pd protection domains exist"),
             cq_quota: Quota::new(MAX_CQ, "max_cq completion queues exist"),
+            srq_quota: Quota::new(MAX_SRQ, "max_srq shared receive queues exist"),
         });
         crate::driver::progress::spawn(Arc::downgrade(&shared), io)?;
         Ok(Context { shared })
@@ -266,6 +268,9 @@ impl Context {
             max_qp_rd_atom: MAX_RD_ATOM,
             max_qp_init_rd_atom: MAX_RD_ATOM,
             max_res_rd_atom: MAX_RD_ATOM * MAX_QP as u32,
+            max_srq: MAX_SRQ as u32,
+            max_srq_wr: MAX_SRQ_WR,
+            max_srq_sge: MAX_SRQ_SGE,
             atomic_cap: AtomicCap::Hca,
             phys_port_cnt: 1,
             max_pkeys: 1,

@@ -19,6 +19,11 @@ pub(crate) const MAX_MR: usize = 256 * 1024;
 pub(crate) const MAX_INLINE: u32 = 256;
 pub(crate) const MAX_RD_ATOM: u32 = 128;
 pub(crate) const MAX_MSG: u64 = crate::transport::MAX_MSG_LEN;
+/// Shared receive queues, as rdma_rxe reports them (`RXE_MAX_SRQ`, `RXE_MAX_SRQ_WR`,
+/// `RXE_MAX_SRQ_SGE`).
+pub(crate) const MAX_SRQ: usize = 0x1000;
+pub(crate) const MAX_SRQ_WR: u32 = 0x4000;
+pub(crate) const MAX_SRQ_SGE: u32 = 27;
 
 /// An RDMA device (`struct ibv_device`): a RoCEv2 endpoint on one local IPv4 address.
 #[derive(Clone, Debug)]
@@ -243,6 +248,9 @@ pub struct DeviceAttr {
     pub max_qp_rd_atom: u32,
     pub max_qp_init_rd_atom: u32,
     pub max_res_rd_atom: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
     /// `IBV_ATOMIC_HCA`: atomics are atomic with respect to this device's other atomics.
     pub atomic_cap: AtomicCap,
     pub phys_port_cnt: u8,

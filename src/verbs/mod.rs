@@ -7,6 +7,7 @@
 //!   Context::create_cq() -> CompletionQueue -> poll()/req_notify()/ack_events()
 //!   ProtectionDomain::create_qp() -> QueuePair -> modify()/post_send()/post_recv()
 //!   ProtectionDomain::create_ah() -> AddressHandle (UD: QueuePair::post_send_ud())
+//!   ProtectionDomain::create_srq() -> SharedReceiveQueue -> post_recv()/modify()/query()
 //! ```
 
 mod ah;
@@ -20,6 +21,7 @@ mod mr;
 mod pd;
 mod qp;
 mod quota;
+mod srq;
 
 pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;
@@ -33,6 +35,7 @@ pub use event::AsyncEvent;
 pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;
 pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr, UdSend, UdSendWr};
+pub use srq::{SharedReceiveQueue, SrqAttr, SrqInitAttr};
 
 /// Bytes at the front of every UD receive buffer that receive the GRH area.
 pub use crate::transport::ud::GRH_LEN;
@@ -47,3 +50,4 @@ pub(crate) use cq::CqShared;
 pub(crate) use device::guid_from_ipv4;
 pub(crate) use event::AsyncQueue;
 pub(crate) use mr::MrTable;
+pub(crate) use srq::SrqShared;

@@ -11,6 +11,7 @@ const MR_ALIGN: usize = 64;
 use super::mr::MemoryRegion;
 use super::qp::{QpInitAttr, QueuePair};
 use super::quota::QuotaSlot;
+use super::srq::{SharedReceiveQueue, SrqInitAttr};
 use crate::transport::AccessFlags;
 
 /// A protection domain (`struct ibv_pd`): memory regions and QPs of one PD see each other's
@@ -53,6 +54,13 @@ impl ProtectionDomain {
     /// `ibv_create_qp`.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         QueuePair::create(self, attr)
+    }
+
+    /// `ibv_create_srq`: a shared receive queue for the QPs of this PD. EINVAL for `max_wr` 0
+    /// or above `max_srq_wr`, `max_sge` above `max_srq_sge`, `srq_limit` above `max_wr`;
+    /// ENOMEM beyond `max_srq`. [`SharedReceiveQueue::query`] reports what was granted.
+    pub fn create_srq(&self, attr: SrqInitAttr) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::create(self, attr)
     }
 
     /// `ibv_create_ah`: an address handle for the UD QPs of this PD.

@@ -10,6 +10,7 @@ use super::cq::CompletionQueue;
 use super::device::{MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE};
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
+use super::srq::{SharedReceiveQueue, SrqShared};
 use crate::driver::engine::{QpSlot, QpTransport};
 use crate::transport::memory::gather_all;
 use crate::transport::ud::{UdDest, UdQp};
@@ -37,6 +38,11 @@ pub struct QpInitAttr<'a> {
     pub qp_type: QpType,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
+    /// A shared receive queue of the same protection domain to take receive WQEs from (RC and
+    /// UD): the QP then has no receive queue of its own (`cap.max_recv_wr` and `max_recv_sge`
+    /// are ignored and granted as 0, and [`QueuePair::post_recv`] fails with EINVAL); its
+    /// receive completions still go to `recv_cq`, with its own `qp_num`.
+    pub srq: Option<&'a SharedReceiveQueue>,
 }
 
 /// `struct ibv_send_wr` (one of a list).
@@ -86,13 +92,35 @@ pub struct QueuePair {
     caps: QpCaps,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
+    srq: Option<Arc<SrqShared>>,
     shared: Arc<Shared>,
 }
 
 impl QueuePair {
     pub(crate) fn create(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
-        let c = attr.cap;
-        if c.max_send_wr == 0 && c.max_recv_wr == 0 {
+        if let Some(srq) = attr.srq {
+            if !Arc::ptr_eq(&srq.shared, &pd.shared) {
+                return Err(VerbsError::InvalidArgument(
+                    "SRQ belongs to another context",
+                ));
+            }
+            if srq.inner.pd != pd.id {
+                return Err(VerbsError::InvalidArgument(
+                    "SRQ belongs to another protection domain",
+                ));
+            }
+        }
+        // With an SRQ the receive capacities are ignored (rxe: not checked, granted as 0).
+        let c = if attr.srq.is_some() {
+            QpCaps {
+                max_recv_wr: 0,
+                max_recv_sge: 0,
+                ..attr.cap
+            }
+        } else {
+            attr.cap
+        };
+        if c.max_send_wr == 0 && c.max_recv_wr == 0 && attr.srq.is_none() {
             return Err(VerbsError::InvalidArgument(
                 "QP needs a send or receive queue",
             ));
@@ -130,15 +158,14 @@ impl QueuePair {
             return Err(VerbsError::NoResources("too many QPs"));
         }
         let qpn = engine.alloc_qpn()?;
-        let qp = match attr.qp_type {
-            QpType::Rc => QpTransport::Rc(RcQp::new(qpn, caps, attr.sq_sig_all)),
-            QpType::Ud => QpTransport::Ud(UdQp::new(
-                qpn,
-                caps,
-                attr.sq_sig_all,
-                pd.shared.device.active_mtu(),
-            )),
+        let mtu = pd.shared.device.active_mtu();
+        let qp = match (attr.qp_type, attr.srq.is_some()) {
+            (QpType::Rc, false) => QpTransport::Rc(RcQp::new(qpn, caps, attr.sq_sig_all)),
+            (QpType::Rc, true) => QpTransport::Rc(RcQp::with_srq(qpn, caps, attr.sq_sig_all)),
+            (QpType::Ud, false) => QpTransport::Ud(UdQp::new(qpn, caps, attr.sq_sig_all, mtu)),
+            (QpType::Ud, true) => QpTransport::Ud(UdQp::with_srq(qpn, caps, attr.sq_sig_all, mtu)),
         };
+        let srq = attr.srq.map(|s| s.inner.clone());
         engine.insert_qp(
             qpn,
             QpSlot {
@@ -147,11 +174,16 @@ impl QueuePair {
                 recv_cq: attr.recv_cq.inner.clone(),
                 pd: pd.id,
                 last_state: QpState::Reset,
+                srq: srq.clone(),
+                last_wqe_reported: false,
             },
         );
         drop(engine);
         attr.send_cq.inner.qp_refs.fetch_add(1, Ordering::AcqRel);
         attr.recv_cq.inner.qp_refs.fetch_add(1, Ordering::AcqRel);
+        if let Some(s) = &srq {
+            s.qp_refs.fetch_add(1, Ordering::AcqRel);
+        }
         Ok(QueuePair {
             qpn,
             qp_type: attr.qp_type,
@@ -159,6 +191,7 @@ impl QueuePair {
             caps,
             send_cq: attr.send_cq.clone(),
             recv_cq: attr.recv_cq.clone(),
+            srq,
             shared: pd.shared.clone(),
         })
     }
@@ -176,6 +209,11 @@ impl QueuePair {
     /// Capacities as granted (`ibv_query_qp` with `IBV_QP_CAP`).
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// The QP takes its receive WQEs from a shared receive queue.
+    pub fn has_srq(&self) -> bool {
+        self.srq.is_some()
     }
 
     /// Run `f` on the QP under the engine lock, then transmit what it has to send on this
@@ -207,6 +245,7 @@ impl QueuePair {
                     .push(super::AsyncEvent::QpFatal { qp_num: self.qpn });
             }
             slot.last_state = st;
+            slot.check_last_wqe(self.qpn, &self.shared.async_events);
             let deadline = slot.qp.poll_timeout();
             self.shared.kick_if_earlier(deadline);
         }
@@ -383,8 +422,14 @@ impl QueuePair {
         })
     }
 
-    /// `ibv_post_recv`.
+    /// `ibv_post_recv`. A QP on a shared receive queue has no receive queue of its own:
+    /// EINVAL (post to the SRQ).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(VerbsError::InvalidArgument(
+                "QP uses a shared receive queue: post to the SRQ",
+            ));
+        }
         self.with(|s| {
             for (index, wr) in wrs.iter().enumerate() {
                 let wqe = RecvWqe {
@@ -417,6 +462,9 @@ impl Drop for QueuePair {
         }
         self.send_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);
         self.recv_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);
+        if let Some(s) = &self.srq {
+            s.qp_refs.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

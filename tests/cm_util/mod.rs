@@ -42,6 +42,7 @@ pub fn qp_on(id: &CmId, qp_type: QpType, cap: QpCaps) -> QueuePair {
             cap,
             qp_type,
             sq_sig_all: false,
+            srq: None,
         },
     )
     .unwrap()

@@ -53,6 +53,7 @@ impl End {
                 cap: QpCaps::default(),
                 qp_type: QpType::Rc,
                 sq_sig_all: false,
+                srq: None,
             })
             .unwrap();
         End { ctx, pd, cq, qp }

@@ -42,7 +42,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
                         out.element.cq = p as *mut ibv_cq;
                         out.event_type = IBV_EVENT_CQ_ERR;
                     }
-                    AsyncEvent::QpFatal { qp_num } => {
+                    AsyncEvent::QpFatal { qp_num } | AsyncEvent::QpLastWqeReached { qp_num } => {
                         let p = ctx
                             .qps
                             .lock()
@@ -51,7 +51,21 @@ pub unsafe extern "C" fn ibv_get_async_event(
                             .copied();
                         let Some(p) = p else { continue };
                         out.element.qp = p as *mut ibv_qp;
-                        out.event_type = IBV_EVENT_QP_FATAL;
+                        out.event_type = match e {
+                            AsyncEvent::QpFatal { .. } => IBV_EVENT_QP_FATAL,
+                            _ => IBV_EVENT_QP_LAST_WQE_REACHED,
+                        };
+                    }
+                    AsyncEvent::SrqLimitReached { srq } => {
+                        let p = ctx
+                            .srqs
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(&srq)
+                            .copied();
+                        let Some(p) = p else { continue };
+                        out.element.srq = p as *mut ibv_srq;
+                        out.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
                     }
                 }
                 return 0;

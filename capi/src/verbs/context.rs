@@ -23,6 +23,7 @@ pub(crate) struct Ctx {
     /// C handles by softrdma id, for events that name an object by id.
     pub cqs: Mutex<HashMap<u32, usize>>,
     pub qps: Mutex<HashMap<u32, usize>>,
+    pub srqs: Mutex<HashMap<u32, usize>>,
 }
 
 impl Handle for Ctx {
@@ -76,6 +77,18 @@ impl Ctx {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&qpn);
     }
+    pub(crate) fn remember_srq(&self, id: u32, p: usize) {
+        self.srqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, p);
+    }
+    pub(crate) fn forget_srq(&self, id: u32) {
+        self.srqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
 }
 
 /// Wraps an open softrdma context as an `ibv_context` (librdmacm hands out contexts too).
@@ -97,12 +110,14 @@ pub(crate) fn wrap(rust: Context, dev: &'static Dev) -> *mut ibv_context {
     c.ops.req_notify_cq = Some(super::cq::req_notify_cq);
     c.ops.post_send = Some(super::qp::post_send);
     c.ops.post_recv = Some(super::qp::post_recv);
+    c.ops.post_srq_recv = Some(super::srq::post_srq_recv);
     let ctx = Ctx {
         vctx,
         rust,
         dev,
         cqs: Mutex::new(HashMap::new()),
         qps: Mutex::new(HashMap::new()),
+        srqs: Mutex::new(HashMap::new()),
     };
     let p = ctx.into_c();
     // SAFETY: `p` was just made by into_c and nobody else has it yet.
@@ -177,7 +192,9 @@ fn fill_device_attr(ctx: &Ctx, out: &mut ibv_device_attr) {
         AtomicCap::Glob => IBV_ATOMIC_GLOB,
     };
     out.max_ah = 1 << 15;
-    // SRQ_LIMITS
+    out.max_srq = a.max_srq as i32;
+    out.max_srq_wr = a.max_srq_wr as i32;
+    out.max_srq_sge = a.max_srq_sge as i32;
     out.max_pkeys = a.max_pkeys;
     out.local_ca_ack_delay = 15;
     out.phys_port_cnt = a.phys_port_cnt;

@@ -92,9 +92,15 @@ pub(crate) fn create_with(
     ) else {
         return fail_null(libc::EINVAL);
     };
-    if !srq.is_null() {
-        return fail_null(libc::EOPNOTSUPP);
-    }
+    let srq_ref = if srq.is_null() {
+        None
+    } else {
+        // SAFETY: checked handle.
+        match unsafe { super::srq::Srq::from_c(srq) } {
+            Some(s) => Some(s),
+            None => return fail_null(libc::EINVAL),
+        }
+    };
     let Some(t) = qp_type(qp_type_c) else {
         // XRC, raw packet, driver QPs: not on this device. (UC comes with the transport.)
         return fail_null(libc::EOPNOTSUPP);
@@ -112,6 +118,7 @@ pub(crate) fn create_with(
         cap: caps,
         qp_type: t,
         sq_sig_all,
+        srq: srq_ref.map(|s| &s.rust),
     };
     let rust = match make(&p.rust, &attr) {
         Ok(q) => q,
@@ -145,6 +152,9 @@ pub(crate) fn create_with(
     p.hold();
     scq.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     rcq.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    if let Some(s) = srq_ref {
+        s.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
     let qp = Qp {
         ibv,
         ud: t == QpType::Ud,
@@ -411,6 +421,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> i32 {
             return libc::EINVAL;
         };
         let qpn = q.rust.qp_num();
+        let srq = q.ibv.qp_base.srq;
         // SAFETY: the QP held its PD and CQs, so they are live.
         let (pd, scq, rcq) = unsafe { (&*q.pd, &*q.send_cq, &*q.recv_cq) };
         if let Some(ctx) = pd.ctx() {
@@ -419,6 +430,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> i32 {
         drop(q);
         scq.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         rcq.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        // SAFETY: the QP held its SRQ, so it is live.
+        if let Some(s) = unsafe { super::srq::Srq::from_c(srq) } {
+            s.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         pd.release();
         0
     })

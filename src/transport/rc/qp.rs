@@ -12,6 +12,7 @@ use crate::transport::modify::{
     ACCESS, AV, CUR_STATE, DEST_QPN, MAX_DEST_RD, MAX_RD, MIN_RNR, PATH_MTU, PKEY, PORT, RETRY,
     RNR_RETRY, RQ_PSN, SQ_PSN, TIMEOUT,
 };
+use crate::transport::srq::Srq;
 use crate::transport::types::*;
 use crate::wire::{Kind, Packet, Psn, Service};
 
@@ -56,6 +57,8 @@ pub enum PostError {
     BadAtomicLength,
     #[error("operation not supported on this QP type")]
     UnsupportedOp,
+    #[error("the QP takes its receive WQEs from a shared receive queue: post there")]
+    HasSrq,
 }
 
 /// Most READ/atomic requests outstanding either way (rxe: RXE_MAX_QP_RD_ATOM = 128).
@@ -104,10 +107,15 @@ fn transition(from: QpState, to: QpState) -> Option<(u32, u32)> {
 /// [`RcQp::handle_packet`]; when [`RcQp::poll_timeout`]'s deadline passes, call
 /// [`RcQp::handle_timeout`]; after either, and after posting, drain [`RcQp::poll_transmit`] until
 /// it returns `None` and [`RcQp::poll_completion`] until it returns `None`.
+///
+/// A QP made by [`RcQp::with_srq`] has no receive queue: it takes receive WQEs from the shared
+/// receive queue the driver passes to [`RcQp::handle_packet_srq`].
 pub struct RcQp {
     qpn: u32,
     caps: QpCaps,
     sq_sig_all: bool,
+    /// Receive WQEs come from a shared receive queue.
+    srq: bool,
     state: QpState,
     /// Attribute values as last set (current PSNs come from the parts).
     attr: QpAttr,
@@ -147,6 +155,7 @@ impl RcQp {
             qpn: qpn & 0x00ff_ffff,
             caps,
             sq_sig_all,
+            srq: false,
             state: QpState::Reset,
             attr,
             req: Requester::default(),
@@ -161,6 +170,20 @@ impl RcQp {
             resp_turn: false,
         }
     }
+    /// A new QP in RESET that takes its receive WQEs from a shared receive queue (lent with
+    /// each packet, [`RcQp::handle_packet_srq`]) and has none of its own: `caps.max_recv_wr`
+    /// and `max_recv_sge` are ignored (0), and [`RcQp::post_recv`] fails.
+    pub fn with_srq(qpn: u32, caps: QpCaps, sq_sig_all: bool) -> Self {
+        let caps = QpCaps {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..caps
+        };
+        RcQp {
+            srq: true,
+            ..RcQp::new(qpn, caps, sq_sig_all)
+        }
+    }
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
@@ -169,6 +192,10 @@ impl RcQp {
     }
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+    /// The QP takes its receive WQEs from a shared receive queue.
+    pub fn uses_srq(&self) -> bool {
+        self.srq
     }
 
     fn mtu(&self) -> usize {
@@ -362,6 +389,9 @@ impl RcQp {
     }
 
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
+        if self.srq {
+            return Err(PostError::HasSrq);
+        }
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState(self.state));
         }
@@ -371,7 +401,9 @@ impl RcQp {
                 max: self.caps.max_recv_sge,
             });
         }
-        if self.resp.rq.len() + self.cq.recv_pending >= self.caps.max_recv_wr as usize {
+        // A WQE taken by a message in progress still occupies its slot.
+        let held = self.resp.wqe.is_some() as usize;
+        if self.resp.rq.len() + held + self.cq.recv_pending >= self.caps.max_recv_wr as usize {
             return Err(PostError::QueueFull);
         }
         if self.state == QpState::Err {
@@ -383,7 +415,9 @@ impl RcQp {
     }
 
     /// Move to ERR (IBA 10.3.1.x): `fail` completes the WQE at send-queue index `at` with that
-    /// status; every other outstanding send and receive WQE is flushed with WR_FLUSH_ERR.
+    /// status; every other outstanding send and receive WQE is flushed with WR_FLUSH_ERR. A QP
+    /// on a shared receive queue flushes only the WQE its message in progress took; the ones
+    /// still on the SRQ belong to the SRQ.
     fn enter_err_at(&mut self, fail: Option<(usize, WcStatus)>) {
         self.state = QpState::Err;
         self.timers.stop_all();
@@ -401,9 +435,10 @@ impl RcQp {
         }
         self.req.idx = 0;
         self.req.pkt = 0;
+        let held = self.resp.wqe.take();
         let rq = std::mem::take(&mut self.resp.rq);
         let dest = self.attr.dest_qp_num.unwrap_or(0);
-        for w in rq {
+        for w in held.into_iter().chain(rq) {
             self.push_completion(flush_recv(w.wr_id, dest));
         }
         self.resp.keep_naks_only();
@@ -445,8 +480,39 @@ impl RcQp {
         }
     }
 
-    /// A packet addressed to this QP (ICRC already verified by the driver).
+    /// A packet addressed to this QP (ICRC already verified by the driver). A QP made by
+    /// [`RcQp::with_srq`] takes [`RcQp::handle_packet_srq`] instead: given no SRQ here, it has
+    /// no receive WQE for a SEND (RNR NAK).
     pub fn handle_packet(&mut self, now: Instant, pkt: &Packet<'_>, mem: &dyn MemoryAccess) {
+        if self.srq {
+            let mut none = Srq::default();
+            self.on_packet(now, pkt, mem, Some(&mut none));
+        } else {
+            self.on_packet(now, pkt, mem, None);
+        }
+    }
+
+    /// [`RcQp::handle_packet`] for a QP made by [`RcQp::with_srq`], with the shared receive
+    /// queue it takes receive WQEs from (on a QP with its own receive queue, `srq` is not
+    /// touched). Collect [`Srq::take_limit_event`] afterwards.
+    pub fn handle_packet_srq(
+        &mut self,
+        now: Instant,
+        pkt: &Packet<'_>,
+        mem: &dyn MemoryAccess,
+        srq: &mut Srq,
+    ) {
+        let srq = if self.srq { Some(srq) } else { None };
+        self.on_packet(now, pkt, mem, srq);
+    }
+
+    fn on_packet(
+        &mut self,
+        now: Instant,
+        pkt: &Packet<'_>,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+    ) {
         if pkt.bth.dest_qpn != self.qpn {
             return;
         }
@@ -485,7 +551,7 @@ impl RcQp {
                 }
                 let p = self.resp_params();
                 let cq = &mut self.cq;
-                let ev = self.resp.on_request(pkt, &p, mem, &mut |c| cq.push(c));
+                let ev = self.resp.on_request(pkt, &p, mem, srq, &mut |c| cq.push(c));
                 if ev == RespEvent::Error {
                     self.enter_err(None);
                 }

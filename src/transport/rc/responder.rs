@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::transport::memory::{scatter, MemError, MemoryAccess};
+use crate::transport::srq::Srq;
 use crate::transport::types::*;
 use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
@@ -30,7 +31,8 @@ pub(crate) struct RespParams {
 /// A multi-packet message in progress.
 #[derive(Clone, Copy, Debug)]
 enum InMsg {
-    /// SEND into the receive WQE at the head of the RQ; `off` bytes placed so far.
+    /// SEND into the receive WQE taken when it started ([`Responder::wqe`]); `off` bytes
+    /// placed so far.
     Send { off: u32 },
     /// RDMA WRITE: next address, rkey, bytes still expected, total length.
     Write {
@@ -96,7 +98,12 @@ pub(crate) struct Responder {
     pub epsn: Psn,
     /// Message sequence number (24 bits).
     pub msn: u32,
+    /// The QP's own receive queue (unused when it takes WQEs from a shared receive queue).
     pub rq: VecDeque<RecvWqe>,
+    /// The receive WQE of the message in progress: taken from the receive queue (the QP's own
+    /// or the shared one) when a message that needs one starts, held until it completes
+    /// (rxe's `resp.wqe`).
+    pub wqe: Option<RecvWqe>,
     cur: Option<InMsg>,
     /// A PSN-sequence or RNR NAK went out; stay silent until back in sequence (IBA C9-90).
     nak_sent: bool,
@@ -113,13 +120,15 @@ impl Responder {
         self.epsn = psn;
         self.msn = 0;
         self.rq.clear();
+        self.wqe = None;
         self.cur = None;
         self.nak_sent = false;
         self.out.clear();
         self.res.clear();
     }
 
-    /// After the QP entered ERR: only NAKs already queued still go out.
+    /// After the QP entered ERR (and flushed [`Responder::wqe`]): only NAKs already queued
+    /// still go out.
     pub(crate) fn keep_naks_only(&mut self) {
         self.out.retain(|o| {
             matches!(
@@ -185,12 +194,23 @@ impl Responder {
         Completion::recv(wr_id, status, opcode, byte_len, imm, p.dest_qpn, solicited)
     }
 
-    /// A request-kind packet for this QP, with the QP in RTR, RTS or SQD.
+    /// Take a receive WQE for a message that starts: from the shared receive queue if the QP
+    /// has one (`srq`), else from its own.
+    fn take_wqe(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
+        match srq {
+            Some(s) => s.take(),
+            None => self.rq.pop_front(),
+        }
+    }
+
+    /// A request-kind packet for this QP, with the QP in RTR, RTS or SQD. `srq`: the shared
+    /// receive queue the QP takes its receive WQEs from; `None` for its own [`Responder::rq`].
     pub(crate) fn on_request(
         &mut self,
         pkt: &Packet<'_>,
         p: &RespParams,
         mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
         out: &mut dyn FnMut(Completion),
     ) -> RespEvent {
         let Some(info) = pkt.info() else {
@@ -234,11 +254,16 @@ impl Responder {
         let ends = info.position.ends();
         match info.kind {
             Kind::Send => {
-                let Some(wqe) = self.rq.front() else {
-                    // IBA 9.7.5.2.8: no receive WQE: RNR NAK, PSN not advanced.
-                    self.rnr_nak(psn, p);
-                    return RespEvent::None;
-                };
+                if self.wqe.is_none() {
+                    // The first packet takes a receive WQE (rxe `check_resource`); IBA
+                    // 9.7.5.2.8: none posted: RNR NAK, PSN not advanced.
+                    let Some(w) = self.take_wqe(srq) else {
+                        self.rnr_nak(psn, p);
+                        return RespEvent::None;
+                    };
+                    self.wqe = Some(w);
+                }
+                let wqe = self.wqe.as_ref().expect("taken above");
                 let off = match self.cur {
                     Some(InMsg::Send { off }) => off,
                     _ => 0,
@@ -246,7 +271,7 @@ impl Responder {
                 let cap: u64 = wqe.sg_list.iter().map(|s| s.length as u64).sum();
                 if off as u64 + plen as u64 > cap {
                     // IBA C9-99 (class D): message longer than the receive buffers.
-                    let wqe = self.rq.pop_front().expect("front exists");
+                    let wqe = self.wqe.take().expect("held");
                     out(self.recv_completion(
                         p,
                         wqe.wr_id,
@@ -260,7 +285,7 @@ impl Responder {
                     return self.push_nak(psn, NakCode::InvalidRequest);
                 }
                 if scatter(&wqe.sg_list, off as usize, pkt.payload, mem).is_err() {
-                    let wqe = self.rq.pop_front().expect("front exists");
+                    let wqe = self.wqe.take().expect("held");
                     out(self.recv_completion(
                         p,
                         wqe.wr_id,
@@ -275,7 +300,7 @@ impl Responder {
                 }
                 let off = off + plen as u32;
                 if ends {
-                    let wqe = self.rq.pop_front().expect("front exists");
+                    let wqe = self.wqe.take().expect("held");
                     self.cur = None;
                     self.msn = msn_inc(self.msn);
                     out(self.recv_completion(
@@ -325,8 +350,13 @@ impl Responder {
                 if plen as u32 > resid || (ends && plen as u32 != resid) {
                     return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
                 }
-                if ends && pkt.immdt.is_some() && self.rq.is_empty() {
-                    // RDMA WRITE with immediate consumes a receive WQE (IBA 9.4.3): RNR if none.
+                // RDMA WRITE with immediate consumes a receive WQE (IBA 9.4.3), taken before
+                // the data lands: RNR if none.
+                let needs_wqe = ends && pkt.immdt.is_some();
+                if needs_wqe {
+                    self.wqe = self.take_wqe(srq);
+                }
+                if needs_wqe && self.wqe.is_none() {
                     self.rnr_nak(psn, p);
                     // Keep the write state so the retried LAST continues this message.
                     self.cur = if info.position == Position::Only {
@@ -348,7 +378,7 @@ impl Responder {
                     self.cur = None;
                     self.msn = msn_inc(self.msn);
                     if let Some(imm) = pkt.immdt {
-                        let wqe = self.rq.pop_front().expect("checked above");
+                        let wqe = self.wqe.take().expect("taken above");
                         out(self.recv_completion(
                             p,
                             wqe.wr_id,
@@ -477,7 +507,7 @@ impl Responder {
         });
     }
 
-    /// Fatal request error: NAK it; a receive in progress completes in error.
+    /// Fatal request error: NAK it; a receive in progress (its WQE taken) completes in error.
     fn fatal_nak(
         &mut self,
         psn: Psn,
@@ -485,15 +515,13 @@ impl Responder {
         p: &RespParams,
         out: &mut dyn FnMut(Completion),
     ) -> RespEvent {
-        if let Some(InMsg::Send { .. }) = self.cur {
-            if let Some(wqe) = self.rq.pop_front() {
-                let status = if code == NakCode::InvalidRequest {
-                    WcStatus::RemInvReqErr
-                } else {
-                    WcStatus::RemAccessErr
-                };
-                out(self.recv_completion(p, wqe.wr_id, status, WcOpcode::Recv, 0, None, false));
-            }
+        if let Some(wqe) = self.wqe.take() {
+            let status = if code == NakCode::InvalidRequest {
+                WcStatus::RemInvReqErr
+            } else {
+                WcStatus::RemAccessErr
+            };
+            out(self.recv_completion(p, wqe.wr_id, status, WcOpcode::Recv, 0, None, false));
         }
         self.cur = None;
         self.push_nak(psn, code)
@@ -708,7 +736,8 @@ mod tests {
             let n = pkt.emit(&mut buf).unwrap();
             let p = Packet::parse(&buf[..n]).unwrap();
             let comps = &mut self.comps;
-            self.r.on_request(&p, &P, &self.mem, &mut |c| comps.push(c))
+            self.r
+                .on_request(&p, &P, &self.mem, None, &mut |c| comps.push(c))
         }
         #[allow(clippy::type_complexity)]
         fn out(&mut self) -> Vec<(Opcode, u32, Option<Syndrome>, Vec<u8>, Option<u64>)> {

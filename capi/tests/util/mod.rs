@@ -1,0 +1,79 @@
+//! Finding the shared object and the `softrdma` tool, and running programs on them.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `target/<profile>/libsoftrdma_capi.so`, built with the test (cargo builds the package's
+/// cdylib before its integration tests).
+pub fn shared_object() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>
+    let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
+    let so = dir.join("libsoftrdma_capi.so");
+    assert!(so.exists(), "{} was not built", so.display());
+    so
+}
+
+/// The `softrdma` command-line tool.
+pub fn softrdma() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_softrdma"))
+}
+
+/// `softrdma run -- prog args...`, output captured.
+pub fn run(prog: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(softrdma());
+    c.arg("run").arg("--").arg(prog).args(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// True if `prog` is installed (the Debian packages the tests run).
+pub fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Waits for `child` with a deadline; kills it and panics with its output if it is late.
+pub fn wait(child: Child, what: &str, limit: Duration) -> Output {
+    let start = Instant::now();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit.saturating_sub(start.elapsed())) {
+        Ok(o) => o.expect("wait"),
+        Err(_) => {
+            // SAFETY: kill on a pid we spawned.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let o = rx.recv().expect("child output").expect("wait");
+            panic!(
+                "{what} did not finish in {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A TCP port nobody listens on, for a test's out-of-band exchange.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}

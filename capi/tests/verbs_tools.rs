@@ -1,0 +1,123 @@
+//! Debian's unmodified libibverbs programs (ibverbs-utils) on softrdma's libibverbs.so.1, two
+//! processes on this machine, each opening the first device as a user would.
+
+mod util;
+
+use std::time::Duration;
+use util::{have, run, text, wait};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[test]
+fn ibv_devices_lists_softrdmas_devices() {
+    if !have("ibv_devices") {
+        eprintln!("skipped: ibverbs-utils is not installed");
+        return;
+    }
+    let ours = std::process::Command::new(util::softrdma())
+        .arg("devices")
+        .output()
+        .expect("softrdma devices");
+    let o = wait(
+        run("ibv_devices", &[]).spawn().unwrap(),
+        "ibv_devices",
+        LIMIT,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let listed = String::from_utf8_lossy(&o.stdout).to_string();
+    let names: Vec<String> = String::from_utf8_lossy(&ours.stdout)
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert!(!names.is_empty(), "softrdma lists devices");
+    for n in &names {
+        assert!(
+            listed.contains(n.as_str()),
+            "{n} missing from ibv_devices:\n{listed}"
+        );
+    }
+}
+
+#[test]
+fn ibv_devinfo_shows_an_active_roce_port() {
+    if !have("ibv_devinfo") {
+        eprintln!("skipped: ibverbs-utils is not installed");
+        return;
+    }
+    let o = wait(
+        run("ibv_devinfo", &["-v"]).spawn().unwrap(),
+        "ibv_devinfo",
+        LIMIT,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "hca_id:\tsrxe",
+        "PORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:",
+        "::ffff:",
+    ] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+}
+
+/// Runs `prog` as server and client (`extra` for both) and checks both report `iters`
+/// exchanges.
+fn pingpong(prog: &str, extra: &[&str], iters: u32) {
+    if !have(prog) {
+        eprintln!("skipped: {prog} is not installed");
+        return;
+    }
+    let port = util::free_port().to_string();
+    let n = iters.to_string();
+    let mut args = vec!["-g", "0", "-p", port.as_str(), "-n", n.as_str()];
+    args.extend_from_slice(extra);
+    let server = run(prog, &args).spawn().unwrap();
+    // The client retries its TCP connect until the server listens (as the tools do not).
+    let mut client_args = args.clone();
+    client_args.push("127.0.0.1");
+    let mut client_out = None;
+    for _ in 0..100 {
+        let o = wait(run(prog, &client_args).spawn().unwrap(), prog, LIMIT);
+        let err = String::from_utf8_lossy(&o.stderr);
+        if !o.status.success() && err.contains("Couldn't connect to") {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        client_out = Some(o);
+        break;
+    }
+    let client = client_out.expect("the client reached the server");
+    let server = wait(server, prog, LIMIT);
+    for (who, o) in [("server", &server), ("client", &client)] {
+        assert!(o.status.success(), "{prog} {who}: {}", text(o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains(&format!("{iters} iters in")),
+            "{prog} {who} did not report {iters} iterations: {}",
+            text(o)
+        );
+    }
+}
+
+#[test]
+fn ibv_rc_pingpong_polling() {
+    pingpong("ibv_rc_pingpong", &[], 500);
+}
+
+#[test]
+fn ibv_rc_pingpong_events_and_large_messages_checked() {
+    pingpong("ibv_rc_pingpong", &["-e", "-s", "65536", "-c"], 100);
+}
+
+#[test]
+fn ibv_rc_pingpong_new_send_api() {
+    pingpong("ibv_rc_pingpong", &["-N", "-s", "1024"], 200);
+}
+
+#[test]
+fn ibv_ud_pingpong() {
+    pingpong("ibv_ud_pingpong", &["-s", "1024"], 500);
+}

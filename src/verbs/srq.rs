@@ -1,0 +1,187 @@
+//! Shared receive queues (`ibv_create_srq`, `ibv_modify_srq`, `ibv_query_srq`,
+//! `ibv_post_srq_recv`, `ibv_destroy_srq`).
+//!
+//! Any number of QPs of the SRQ's protection domain (RC or UD, created with
+//! [`QpInitAttr::srq`](super::QpInitAttr::srq)) take their receive WQEs from it; each receive
+//! completion goes to the receiving QP's receive CQ and names that QP (`qp_num`).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::context::Shared;
+use super::device::{MAX_SRQ_SGE, MAX_SRQ_WR};
+use super::error::{Result, VerbsError};
+use super::event::{AsyncEvent, AsyncQueue};
+use super::pd::ProtectionDomain;
+use super::qp::RecvWr;
+use super::quota::QuotaSlot;
+use crate::transport::{RecvWqe, Srq, SrqError};
+
+/// `struct ibv_srq_init_attr` (its `attr`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct SrqInitAttr {
+    /// WQEs the SRQ holds: 1 ..= `max_srq_wr`.
+    pub max_wr: u32,
+    /// Scatter/gather elements per WQE: up to `max_srq_sge` (0 is granted as 1, as rxe does).
+    pub max_sge: u32,
+    /// Arms the limit event at creation when non-zero (rxe honours it); at most `max_wr`.
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_attr`, as [`SharedReceiveQueue::query`] reports it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct SrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    /// The armed limit; 0 when the limit event is not armed.
+    pub srq_limit: u32,
+}
+
+/// The SRQ's state, shared by its handle and the engine slots of the QPs that use it (as a
+/// CQ's is): the engine locks it, under the engine lock, while it feeds one of those QPs a
+/// packet.
+pub(crate) struct SrqShared {
+    /// This SRQ's share of `max_srq`, held until the handle and the last QP let go of it.
+    _slot: QuotaSlot,
+    pub id: u32,
+    pub pd: u32,
+    state: Mutex<Srq>,
+    /// QPs using this SRQ.
+    pub(crate) qp_refs: AtomicU32,
+    async_events: Arc<AsyncQueue>,
+}
+
+impl SrqShared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Srq> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After the transport took WQEs from `srq` (this SRQ, locked): raise
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` if a take fired the limit.
+    pub(crate) fn raise_events(&self, srq: &mut Srq) {
+        if srq.take_limit_event() {
+            self.async_events
+                .push(AsyncEvent::SrqLimitReached { srq: self.id });
+        }
+    }
+}
+
+/// A shared receive queue. Dropping it destroys it (`ibv_destroy_srq`); QPs still using it keep
+/// it alive until the last of them is destroyed. [`SharedReceiveQueue::destroy`] is the checked
+/// form: it refuses (EBUSY) while a QP uses the SRQ.
+pub struct SharedReceiveQueue {
+    pub(crate) inner: Arc<SrqShared>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+fn invalid(e: SrqError) -> VerbsError {
+    VerbsError::InvalidArgument(match e {
+        SrqError::ZeroMaxWr => "max_wr must be at least 1",
+        SrqError::BelowPosted { .. } => "max_wr is below the number of WQEs posted",
+        SrqError::LimitAboveMaxWr { .. } => "srq_limit is above max_wr",
+    })
+}
+
+impl SharedReceiveQueue {
+    pub(crate) fn create(pd: &ProtectionDomain, attr: SrqInitAttr) -> Result<SharedReceiveQueue> {
+        if attr.max_wr > MAX_SRQ_WR {
+            return Err(VerbsError::InvalidArgument("max_wr above max_srq_wr"));
+        }
+        if attr.max_sge > MAX_SRQ_SGE {
+            return Err(VerbsError::InvalidArgument("max_sge above max_srq_sge"));
+        }
+        let srq = Srq::new(attr.max_wr, attr.max_sge.max(1), attr.srq_limit).map_err(invalid)?;
+        let inner = Arc::new(SrqShared {
+            _slot: pd.shared.srq_quota.take()?,
+            id: pd.shared.next_id(),
+            pd: pd.id,
+            state: Mutex::new(srq),
+            qp_refs: AtomicU32::new(0),
+            async_events: pd.shared.async_events.clone(),
+        });
+        Ok(SharedReceiveQueue {
+            inner,
+            shared: pd.shared.clone(),
+        })
+    }
+
+    /// The SRQ's state, for a verb called by the application. A thread that holds a
+    /// memory-region guard gets [`VerbsError::Busy`]: the engine may hold this SRQ while it
+    /// waits for that very region.
+    fn lock_for_verb(&self) -> Result<MutexGuard<'_, Srq>> {
+        if super::mr::guards_held() {
+            return Err(VerbsError::Busy(
+                "this thread holds a MemoryRegion::lock guard; drop it before calling this verb",
+            ));
+        }
+        Ok(self.inner.lock())
+    }
+
+    /// `ibv_post_srq_recv`: queue the WRs in order. Stops at the first WR that cannot be posted
+    /// (too many SGEs: EINVAL; the SRQ full: ENOMEM) and returns its index, like `bad_wr`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let mut srq = self.lock_for_verb()?;
+        for (index, wr) in wrs.iter().enumerate() {
+            srq.post_recv(RecvWqe {
+                wr_id: wr.wr_id,
+                sg_list: wr.sg_list.to_vec(),
+            })
+            .map_err(|error| VerbsError::Post { index, error })?;
+        }
+        Ok(())
+    }
+
+    /// `ibv_modify_srq`: `max_wr` (`IBV_SRQ_MAX_WR`) resizes the SRQ, as rxe does (not below
+    /// the WQEs posted, nor the armed limit, nor above `max_srq_wr`); `srq_limit`
+    /// (`IBV_SRQ_LIMIT`) arms the limit event, 0 disarms it. The event fires when a WQE taken
+    /// from the SRQ leaves fewer than the limit (checked at each take, as rxe does: arming a
+    /// limit above the current count fires at the next take). EINVAL, changing nothing, on a
+    /// bad value.
+    pub fn modify(&self, max_wr: Option<u32>, srq_limit: Option<u32>) -> Result<()> {
+        if max_wr.is_some_and(|n| n > MAX_SRQ_WR) {
+            return Err(VerbsError::InvalidArgument("max_wr above max_srq_wr"));
+        }
+        if srq_limit.is_some_and(|n| n > MAX_SRQ_WR) {
+            return Err(VerbsError::InvalidArgument("srq_limit above max_srq_wr"));
+        }
+        self.lock_for_verb()?
+            .modify(max_wr, srq_limit)
+            .map_err(invalid)
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query(&self) -> Result<SrqAttr> {
+        let srq = self.lock_for_verb()?;
+        Ok(SrqAttr {
+            max_wr: srq.max_wr(),
+            max_sge: srq.max_sge(),
+            srq_limit: srq.limit(),
+        })
+    }
+
+    /// WQEs posted and not yet taken by a QP.
+    pub fn posted(&self) -> Result<usize> {
+        Ok(self.lock_for_verb()?.len())
+    }
+
+    /// Identity of the SRQ within its context (the `srq` of
+    /// [`AsyncEvent::SrqLimitReached`]).
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// `ibv_destroy_srq`: fails with [`VerbsError::Busy`] (EBUSY), handing the SRQ back, while
+    /// a QP uses it.
+    pub fn destroy(self) -> std::result::Result<(), (VerbsError, SharedReceiveQueue)> {
+        if self.inner.qp_refs.load(Ordering::Acquire) > 0 {
+            return Err((VerbsError::Busy("SRQ still used by a QP"), self));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedReceiveQueue({})", self.inner.id)
+    }
+}
