@@ -19,6 +19,6 @@ pub mod abi;
 #[macro_use]
 mod export;
 mod handle;
-mod stubs;
 mod rdmacm;
+mod stubs;
 mod verbs;

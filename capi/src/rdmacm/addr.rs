@@ -181,8 +181,8 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         }
         // SAFETY: calloc has no preconditions; the result is checked. rdma_freeaddrinfo frees
         // it with free().
-        let rai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
-            as *mut rdma_addrinfo;
+        let rai =
+            unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) } as *mut rdma_addrinfo;
         if rai.is_null() {
             return fail(libc::ENOMEM);
         }

@@ -350,9 +350,7 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
         // SAFETY: the caller's address.
         let (a, v6) = unsafe { from_sockaddr(addr) }?;
         i.extra().v6 = v6;
-        i.rust
-            .bind_addr(SocketAddr::V4(a))
-            .map_err(|e| e.errno())?;
+        i.rust.bind_addr(SocketAddr::V4(a)).map_err(|e| e.errno())?;
         // SAFETY: a live id.
         unsafe { refresh(id, i) };
         Ok(0)

@@ -55,9 +55,9 @@ pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut i32) -> *mut *mut ib
             }
         };
         // SAFETY: malloc has no preconditions; the result is checked.
-        let arr = unsafe {
-            libc::malloc((devs.len() + 1) * std::mem::size_of::<*mut ibv_context>())
-        } as *mut *mut ibv_context;
+        let arr =
+            unsafe { libc::malloc((devs.len() + 1) * std::mem::size_of::<*mut ibv_context>()) }
+                as *mut *mut ibv_context;
         if arr.is_null() {
             set_num(0);
             return fail_null(libc::ENOMEM);
@@ -140,9 +140,11 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
 ) -> i32 {
     guard(-1, || {
         // SAFETY: checked handle; the caller's structs or NULL.
-        let (Ok(i), Some(a), Some(mask)) = (unsafe { get(id) }, unsafe { qp_attr.as_mut() }, unsafe {
-            qp_attr_mask.as_mut()
-        }) else {
+        let (Ok(i), Some(a), Some(mask)) =
+            (unsafe { get(id) }, unsafe { qp_attr.as_mut() }, unsafe {
+                qp_attr_mask.as_mut()
+            })
+        else {
             return fail(libc::EINVAL);
         };
         if i.c.verbs.is_null() {

@@ -11,8 +11,8 @@ use super::fail;
 use super::id::{get, Id};
 use crate::abi::*;
 use crate::handle::{guard, Handle};
-use crate::verbs::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel};
 use crate::verbs::cq::ibv_destroy_cq;
+use crate::verbs::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel};
 
 /// librdmacm's `ucma_destroy_cqs`: the CQs and channels it created for the id.
 fn destroy_cqs(c: &mut rdma_cm_id) {
