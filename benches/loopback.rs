@@ -8,6 +8,9 @@
 //! at the device's active MTU. WRITE and READ targets are served by the passive context's
 //! progress thread; SEND/RECV has a second thread that polls and re-posts. No timing is
 //! asserted; every item is bounded to a few seconds.
+//!
+//! `SOFTRDMA_BENCH_RAW=1` registers each side's buffer with `register_raw` (memory the bench
+//! owns, reached without a lock) instead of `alloc_mr`.
 
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +45,13 @@ struct End {
     cq: CompletionQueue,
     qp: QueuePair,
     mr: MemoryRegion,
+    /// The memory of a raw `mr` (declared after it: dropped after it is deregistered).
+    _raw: Option<Vec<u8>>,
+}
+
+/// `SOFTRDMA_BENCH_RAW=1`: raw regions over the bench's own memory.
+fn raw_mrs() -> bool {
+    std::env::var_os("SOFTRDMA_BENCH_RAW").is_some_and(|v| v == "1")
 }
 
 fn end(ctx: Context) -> End {
@@ -58,13 +68,23 @@ fn end(ctx: Context) -> End {
         })
         .unwrap();
     let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let mr = pd.alloc_mr(BW_LEN, all).unwrap();
+    let (mr, raw) = if raw_mrs() {
+        let mut buf = vec![0u8; BW_LEN];
+        let p = buf.as_mut_ptr();
+        // SAFETY: `buf` lives in the same `End`, dropped after the region; the bench never
+        // touches it otherwise.
+        let mr = unsafe { pd.register_raw(p, BW_LEN, p as u64, all) }.unwrap();
+        (mr, Some(buf))
+    } else {
+        (pd.alloc_mr(BW_LEN, all).unwrap(), None)
+    };
     End {
         ctx,
         _pd: pd,
         cq,
         qp,
         mr,
+        _raw: raw,
     }
 }
 
@@ -385,9 +405,10 @@ type Item<T> = (&'static str, fn() -> T);
 fn main() {
     let mtu = pair().2;
     println!(
-        "softrdma loopback benchmark: RC over two contexts on 127.0.0.x, path MTU {}, {} CPUs\n",
+        "softrdma loopback benchmark: RC over two contexts on 127.0.0.x, path MTU {}, {} CPUs, {} MRs\n",
         mtu.bytes(),
-        thread::available_parallelism().map_or(0, |n| n.get())
+        thread::available_parallelism().map_or(0, |n| n.get()),
+        if raw_mrs() { "raw" } else { "owned" }
     );
 
     println!("latency, 8 bytes, {LAT_ITERS} iterations after {LAT_WARMUP} warm-up");

@@ -1,9 +1,12 @@
 //! `ibv_rc_pingpong` for softrdma: same flags, same TCP exchange of LID:QPN:PSN:GID, same output,
 //! so it interoperates with rdma-core's `ibv_rc_pingpong` (on kernel rdma_rxe) in either role.
+//! With `--uc` it is `ibv_uc_pingpong`, whose flow is the same: an Unreliable Connected QP,
+//! brought to RTR with only the path, MTU, remote QPN and PSN, to RTS with only the send PSN.
 //!
 //! ```text
 //! cargo run --release --example rc_pingpong -- -g 1              # server
 //! cargo run --release --example rc_pingpong -- -g 1 127.0.0.1    # client
+//! cargo run --release --example rc_pingpong -- --uc -g 1         # ibv_uc_pingpong's server
 //! ```
 
 use std::io::Write;
@@ -38,6 +41,8 @@ struct Opts {
     events: bool,
     gidx: i32,
     server: Option<String>,
+    /// `--uc`: a UC QP, as `ibv_uc_pingpong`.
+    uc: bool,
 }
 
 fn usage(argv0: &str) {
@@ -56,14 +61,16 @@ fn usage(argv0: &str) {
     println!("  -l, --sl=<sl>          service level value");
     println!("  -e, --events           sleep on CQ events (default poll)");
     println!("  -g, --gid-idx=<gid index> local port gid index");
+    println!("  -U, --uc               use a UC QP, as ibv_uc_pingpong (default RC)");
 }
 
-/// `getopt_long(argc, argv, "p:d:i:s:m:r:n:l:eg:", ...)` as `ibv_rc_pingpong` parses it.
+/// `getopt_long(argc, argv, "p:d:i:s:m:r:n:l:eg:", ...)` as `ibv_rc_pingpong` parses it (and
+/// `ibv_uc_pingpong`: the same options), plus `-U`/`--uc`.
 fn parse_args() -> Result<Opts, ()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let spec = getopt::Spec {
         with_value: "pdismrnlg",
-        flags: "e",
+        flags: "eU",
         long: &[
             ("port", 'p'),
             ("ib-dev", 'd'),
@@ -75,6 +82,7 @@ fn parse_args() -> Result<Opts, ()> {
             ("sl", 'l'),
             ("events", 'e'),
             ("gid-idx", 'g'),
+            ("uc", 'U'),
         ],
     };
     let mut o = Opts {
@@ -89,6 +97,7 @@ fn parse_args() -> Result<Opts, ()> {
         events: false,
         gidx: -1,
         server: None,
+        uc: false,
     };
     for arg in getopt::parse(&args, &spec).map_err(|_| ())? {
         let (opt, val) = match arg {
@@ -102,6 +111,7 @@ fn parse_args() -> Result<Opts, ()> {
         let num = || getopt::c_num(&val).ok_or(());
         match opt {
             'e' => o.events = true,
+            'U' => o.uc = true,
             'p' => o.port = u16::try_from(num()?).map_err(|_| ())?,
             'd' => o.ib_dev = Some(val.clone()),
             'i' => o.ib_port = u8::try_from(num()?).map_err(|_| ())?.max(1),
@@ -174,28 +184,32 @@ impl Pingpong {
             av.dgid = dest.gid;
             av.sgid_index = o.gidx.max(0) as u8;
         }
-        let rtr = QpAttr {
+        let mut rtr = QpAttr {
             qp_state: Some(QpState::Rtr),
             path_mtu: Some(o.mtu),
             dest_qp_num: Some(dest.qpn),
             rq_psn: Some(dest.psn),
-            max_dest_rd_atomic: Some(1),
-            min_rnr_timer: Some(12),
             ah_attr: Some(av),
             ..Default::default()
         };
+        if !o.uc {
+            rtr.max_dest_rd_atomic = Some(1);
+            rtr.min_rnr_timer = Some(12);
+        }
         self.qp
             .modify(&rtr)
             .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
-        let rts = QpAttr {
+        let mut rts = QpAttr {
             qp_state: Some(QpState::Rts),
-            timeout: Some(14),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
             sq_psn: Some(my_psn),
-            max_rd_atomic: Some(1),
             ..Default::default()
         };
+        if !o.uc {
+            rts.timeout = Some(14);
+            rts.retry_cnt = Some(7);
+            rts.rnr_retry = Some(7);
+            rts.max_rd_atomic = Some(1);
+        }
         self.qp
             .modify(&rts)
             .map_err(|e| format!("Failed to modify QP to RTS: {e}"))
@@ -243,7 +257,7 @@ fn init_ctx(o: &Opts) -> Result<Pingpong, String> {
                 max_recv_sge: 1,
                 max_inline_data: 0,
             },
-            qp_type: QpType::Rc,
+            qp_type: if o.uc { QpType::Uc } else { QpType::Rc },
             sq_sig_all: false,
             srq: None,
         })

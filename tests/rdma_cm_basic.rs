@@ -35,19 +35,19 @@ fn resources(id: &CmId) -> Res {
     let ctx = id.context().expect("the id has a device");
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
-    let qp = id
-        .create_qp(
-            &pd,
-            &QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap: QpCaps::default(),
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-                srq: None,
-            },
-        )
-        .unwrap();
+    let attr = |qp_type| QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCaps::default(),
+        qp_type,
+        sq_sig_all: false,
+        srq: None,
+    };
+    // A TCP-port-space id takes an RC QP only (the CM connects it with RC's attributes).
+    for t in [QpType::Uc, QpType::Ud] {
+        assert!(id.create_qp(&pd, &attr(t)).is_err(), "{t:?}");
+    }
+    let qp = id.create_qp(&pd, &attr(QpType::Rc)).unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Init);
     let mr = pd.alloc_mr(4096, ALL).unwrap();
     Res {

@@ -1,6 +1,6 @@
 //! Runs the seed ports (`examples/send_recv.rs`, `examples/rdma_rw.rs`, `examples/epoll_loop.rs`)
 //! in their no-argument loopback mode as child processes and checks their exit status and output;
-//! `ud_pingpong` runs as a server and a client over loopback.
+//! `ud_pingpong` and `rc_pingpong --uc` run as a server and a client over loopback.
 //!
 //! `cargo test` builds the examples, but `CARGO_BIN_EXE_*` only exists for `[[bin]]` targets, so
 //! the example binaries are found under `target/<profile>/examples/`, next to the `deps/`
@@ -169,16 +169,36 @@ fn finish(
 /// print the byte and iteration counts.
 #[test]
 fn ud_pingpong_server_and_client() {
+    pingpong_pair(
+        "ud_pingpong",
+        &["-g", "0", "-n", "200", "-s", "1024"],
+        409_600,
+        200,
+    );
+}
+
+/// `rc_pingpong --uc` (ibv_uc_pingpong) as server and client over loopback, 10 packets per
+/// message: both finish and print the byte and iteration counts.
+#[test]
+fn uc_pingpong_server_and_client() {
+    let args = ["--uc", "-g", "0", "-n", "200", "-s", "10000", "-m", "1024"];
+    pingpong_pair("rc_pingpong", &args, 4_000_000, 200);
+}
+
+/// Run example `name` with `args` as a server and, with 127.0.0.1 added, as a client; both must
+/// succeed and print `bytes` and `iters` as the rdma-core pingpongs do.
+fn pingpong_pair(name: &str, args: &[&str], bytes: usize, iters: usize) {
     // A port of our own, so a concurrent pingpong test cannot take it.
-    let port = (20000 + std::process::id() % 20000).to_string();
-    let args = ["-g", "0", "-n", "200", "-s", "1024", "-p", &port];
+    let port = (20000 + (std::process::id() + bytes as u32) % 20000).to_string();
+    let mut args = args.to_vec();
+    args.extend(["-p", &port]);
     let deadline = Instant::now() + TIMEOUT;
-    let server = spawn("ud_pingpong", &args);
+    let server = spawn(name, &args);
     // The client fails at once while the server does not listen yet: retry it.
     let client = loop {
         let mut cargs = args.to_vec();
         cargs.push("127.0.0.1");
-        let r = finish(spawn("ud_pingpong", &cargs), deadline);
+        let r = finish(spawn(name, &cargs), deadline);
         if r.0 || !r.2.contains("Couldn't connect") || Instant::now() > deadline {
             break r;
         }
@@ -188,15 +208,17 @@ fn ud_pingpong_server_and_client() {
     for (role, (ok, out, err)) in [("client", &client), ("server", &server)] {
         assert!(
             *ok,
-            "ud_pingpong {role} failed\n--- stdout\n{out}\n--- stderr\n{err}"
+            "{name} {role} failed\n--- stdout\n{out}\n--- stderr\n{err}"
         );
         assert!(
-            out.lines().any(|l| l.starts_with("409600 bytes in ")),
-            "ud_pingpong {role}: no byte count\n{out}"
+            out.lines()
+                .any(|l| l.starts_with(&format!("{bytes} bytes in "))),
+            "{name} {role}: no byte count\n{out}"
         );
         assert!(
-            out.lines().any(|l| l.starts_with("200 iters in ")),
-            "ud_pingpong {role}: no iteration count\n{out}"
+            out.lines()
+                .any(|l| l.starts_with(&format!("{iters} iters in "))),
+            "{name} {role}: no iteration count\n{out}"
         );
         assert!(
             out.contains("  local address:  LID 0x0000, QPN 0x"),

@@ -118,6 +118,22 @@ fn ibv_rc_pingpong_new_send_api() {
 }
 
 #[test]
+fn ibv_uc_pingpong() {
+    // 4 packets per message at ibv_uc_pingpong's default path MTU (1024).
+    pingpong("ibv_uc_pingpong", &["-s", "4096"], 500);
+}
+
+#[test]
+fn ibv_uc_pingpong_events() {
+    pingpong("ibv_uc_pingpong", &["-e", "-s", "10000", "-m", "4096"], 100);
+}
+
+#[test]
 fn ibv_ud_pingpong() {
     pingpong("ibv_ud_pingpong", &["-s", "1024"], 500);
+}
+
+#[test]
+fn ibv_srq_pingpong_sixteen_qps_on_one_srq() {
+    pingpong("ibv_srq_pingpong", &["-s", "2048"], 200);
 }

@@ -14,7 +14,7 @@ use super::probe;
 use super::socket::Io;
 use crate::rdma_cm::core::{CmaCore, ModifyQp};
 use crate::transport::ud::{net_header_v4, UdQp};
-use crate::transport::{CqSide, QpAttr, QpState, RcQp};
+use crate::transport::{AddressVector, CqSide, QpAttr, QpState, RcQp, UcQp};
 use crate::verbs::{
     guid_from_ipv4, ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, SrqShared, VerbsError,
 };
@@ -61,9 +61,9 @@ pub struct Stats {
     pub rx_unknown_qp: u64,
     /// Packets to the GSI QP1 (connection management), handed to the rdma_cm core.
     pub rx_gsi: u64,
-    /// RC packets dropped because they did not come from the QP's peer (its address vector's
-    /// IP address) or arrived before the QP had one: forged or stray traffic (IBA C9-43,
-    /// rdma_rxe's `check_addr`).
+    /// RC and UC packets dropped because they did not come from the QP's peer (its address
+    /// vector's IP address) or arrived before the QP had one: forged or stray traffic (IBA
+    /// C9-43, rdma_rxe's `check_addr`).
     pub rx_bad_source: u64,
     pub tx_dropped: u64,
 }
@@ -73,6 +73,7 @@ pub struct Stats {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum QpTransport {
     Rc(RcQp),
+    Uc(UcQp),
     Ud(UdQp),
 }
 
@@ -80,15 +81,16 @@ impl QpTransport {
     pub fn state(&self) -> QpState {
         match self {
             QpTransport::Rc(q) => q.state(),
+            QpTransport::Uc(q) => q.state(),
             QpTransport::Ud(q) => q.state(),
         }
     }
 
-    /// The next timer (UD has none).
+    /// The next timer (UC and UD have none).
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self {
             QpTransport::Rc(q) => q.poll_timeout(),
-            QpTransport::Ud(_) => None,
+            QpTransport::Uc(_) | QpTransport::Ud(_) => None,
         }
     }
 
@@ -365,13 +367,24 @@ impl Engine {
             QpTransport::Rc(rc) => {
                 // A connected QP takes packets from its peer only: anyone can send to UDP 4791,
                 // and a forged packet must neither land in memory nor disturb the PSN sequence.
-                if !from_peer(rc, *from.ip()) {
+                if !from_peer(rc.destination(), *from.ip()) {
                     self.stats.rx_bad_source += 1;
                     return;
                 }
                 match &mut srq {
                     Some((_, q)) => rc.handle_packet_srq(now, &pkt, &mem, q),
                     None => rc.handle_packet(now, &pkt, &mem),
+                }
+            }
+            QpTransport::Uc(uc) => {
+                // Connected too: the same rule as RC (rxe's `check_addr` covers RC and UC).
+                if !from_peer(uc.destination(), *from.ip()) {
+                    self.stats.rx_bad_source += 1;
+                    return;
+                }
+                match &mut srq {
+                    Some((_, q)) => uc.handle_packet_srq(&pkt, &mem, q),
+                    None => uc.handle_packet(&pkt, &mem),
                 }
             }
             QpTransport::Ud(ud) => {
@@ -420,6 +433,18 @@ impl Engine {
                     }
                 }
             }
+            QpTransport::Uc(uc) => {
+                let dst = uc.destination().and_then(|av| ipv4_from_gid(&av.dgid));
+                while let Some(len) = uc.poll_transmit(&mem, out.buf()) {
+                    out.commit(len, dst);
+                }
+                while let Some(c) = uc.poll_completion() {
+                    match c.side {
+                        CqSide::Send => slot.send_cq.push(c),
+                        CqSide::Recv => slot.recv_cq.push(c),
+                    }
+                }
+            }
             QpTransport::Ud(ud) => {
                 // Each UD packet goes to the IPv4 address of its own work request's AH.
                 while let Some(t) = ud.poll_transmit(&mem, out.buf()) {
@@ -454,6 +479,7 @@ impl Engine {
             };
             let ok = match &mut s.qp {
                 QpTransport::Rc(q) => q.modify(a, now).is_ok(),
+                QpTransport::Uc(q) => q.modify(a).is_ok(),
                 QpTransport::Ud(q) => q.modify(a).is_ok(),
             };
             // A change the CM asked for is not a fatal error of the transport.
@@ -487,10 +513,10 @@ impl Engine {
     }
 }
 
-/// Whether `src` is the IPv4 address of the RC QP's peer (no peer before RTR: nothing is).
-fn from_peer(rc: &RcQp, src: Ipv4Addr) -> bool {
-    rc.destination()
-        .and_then(|av| ipv4_from_gid(&av.dgid))
+/// Whether `src` is the IPv4 address of a connected (RC or UC) QP's peer, given the QP's
+/// address vector (no peer before RTR: nothing is).
+fn from_peer(dest: Option<AddressVector>, src: Ipv4Addr) -> bool {
+    dest.and_then(|av| ipv4_from_gid(&av.dgid))
         .is_some_and(|peer| peer == src)
 }
 

@@ -569,7 +569,9 @@ impl CmId {
             return Err(CmaError::InvalidState("the id already has a QP"));
         }
         let ud = self.inner().ps == PortSpace::Udp;
-        if ud != (attr.qp_type == QpType::Ud) {
+        // The CM brings RC QPs up with RC's attributes; UC over rdma_cm is not supported.
+        let want = if ud { QpType::Ud } else { QpType::Rc };
+        if attr.qp_type != want {
             return Err(CmaError::InvalidArgument(
                 "RDMA_PS_TCP ids take RC QPs, RDMA_PS_UDP ids UD QPs",
             ));

@@ -1,4 +1,4 @@
-//! How the transport reaches registered memory: through keys, never through raw pointers.
+//! How the transport reaches registered memory: through keys; it never holds a pointer into it.
 //!
 //! The Verbs layer implements [`MemoryAccess`] over its memory-region table for one protection
 //! domain; tests implement it over plain vectors. Every check the IBA asks of a key (it exists,

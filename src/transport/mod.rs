@@ -7,9 +7,11 @@ pub mod rc;
 pub mod sim;
 pub mod srq;
 pub mod types;
+pub mod uc;
 pub mod ud;
 
 pub use memory::{MemError, MemoryAccess};
 pub use rc::{PostError, QpError, RcQp, MAX_MSG_LEN};
 pub use srq::{Srq, SrqError};
 pub use types::*;
+pub use uc::{UcDrops, UcQp};

@@ -1,6 +1,7 @@
 //! Test support: [`VecMemory`], a [`MemoryAccess`] over in-process vectors with keys, access
 //! rights and bounds checks; and a deterministic two-QP link simulator ([`Sim`]) with seeded
-//! loss, duplication and reordering, driven by a fake clock. No threads, no wall clock.
+//! loss, duplication and reordering, driven by a fake clock, for RC QPs ([`Sim::new`]) and UC
+//! QPs ([`Sim::new_uc`]). No threads, no wall clock.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::memory::{MemError, MemoryAccess};
 use super::rc::RcQp;
 use super::types::*;
+use super::uc::UcQp;
 use crate::wire::Packet;
 
 // ---------------------------------------------------------------------------------------------
@@ -422,14 +424,58 @@ impl Link {
 // ---------------------------------------------------------------------------------------------
 // Two QPs over a link
 
+/// What [`Sim`] needs of a connected QP: the sans-IO calls of [`RcQp`] and [`UcQp`].
+pub trait SimQp {
+    fn transmit(&mut self, now: Instant, mem: &VecMemory, buf: &mut [u8]) -> Option<usize>;
+    fn receive(&mut self, now: Instant, pkt: &Packet<'_>, mem: &VecMemory);
+    fn completion(&mut self) -> Option<Completion>;
+    fn timeout(&self) -> Option<Instant>;
+    fn fire(&mut self, now: Instant);
+}
+
+impl SimQp for RcQp {
+    fn transmit(&mut self, now: Instant, mem: &VecMemory, buf: &mut [u8]) -> Option<usize> {
+        self.poll_transmit(now, mem, buf)
+    }
+    fn receive(&mut self, now: Instant, pkt: &Packet<'_>, mem: &VecMemory) {
+        self.handle_packet(now, pkt, mem)
+    }
+    fn completion(&mut self) -> Option<Completion> {
+        self.poll_completion()
+    }
+    fn timeout(&self) -> Option<Instant> {
+        self.poll_timeout()
+    }
+    fn fire(&mut self, now: Instant) {
+        self.handle_timeout(now)
+    }
+}
+
+/// UC has no timers.
+impl SimQp for UcQp {
+    fn transmit(&mut self, _now: Instant, mem: &VecMemory, buf: &mut [u8]) -> Option<usize> {
+        self.poll_transmit(mem, buf)
+    }
+    fn receive(&mut self, _now: Instant, pkt: &Packet<'_>, mem: &VecMemory) {
+        self.handle_packet(pkt, mem)
+    }
+    fn completion(&mut self) -> Option<Completion> {
+        self.poll_completion()
+    }
+    fn timeout(&self) -> Option<Instant> {
+        None
+    }
+    fn fire(&mut self, _now: Instant) {}
+}
+
 /// One side: its QP, its memory, and the completions polled so far.
-pub struct Endpoint {
-    pub qp: RcQp,
+pub struct Endpoint<Q = RcQp> {
+    pub qp: Q,
     pub mem: VecMemory,
     pub completions: Vec<Completion>,
 }
 
-impl Endpoint {
+impl<Q> Endpoint<Q> {
     /// Completions of one side taken out.
     pub fn take(&mut self, side: CqSide) -> Vec<Completion> {
         let (a, b): (Vec<_>, Vec<_>) = self.completions.drain(..).partition(|c| c.side == side);
@@ -471,35 +517,88 @@ impl Default for ConnectOpts {
     }
 }
 
-/// Two RC QPs (side 0 and side 1) joined by a [`Link`], with a fake clock.
-pub struct Sim {
+/// Two QPs (side 0 and side 1) joined by a [`Link`], with a fake clock: RC QPs by default
+/// ([`Sim::new`], [`Sim::connect`]), UC QPs with [`Sim::new_uc`] and [`Sim::connect_uc`].
+pub struct Sim<Q = RcQp> {
     pub base: Instant,
     pub now: Instant,
-    pub ends: [Endpoint; 2],
+    pub ends: [Endpoint<Q>; 2],
     pub link: Link,
     buf: Vec<u8>,
     /// Steps taken by [`Sim::step`].
     pub steps: u64,
 }
 
-impl Sim {
-    pub const QPN: [u32; 2] = [0x11, 0x22];
+/// The QP numbers of side 0 and side 1 ([`Sim::QPN`], for UC QPs too).
+const SIM_QPN: [u32; 2] = [0x11, 0x22];
 
-    pub fn new(seed: u64, cfg: LinkConfig, caps: QpCaps) -> Self {
+impl<Q> Sim<Q> {
+    fn with_qps(seed: u64, cfg: LinkConfig, mk: impl Fn(u32) -> Q) -> Self {
         let base = Instant::now();
-        let mk = |qpn| Endpoint {
-            qp: RcQp::new(qpn, caps, false),
+        let end = |qpn| Endpoint {
+            qp: mk(qpn),
             mem: VecMemory::new(),
             completions: Vec::new(),
         };
         Sim {
             base,
             now: base,
-            ends: [mk(Self::QPN[0]), mk(Self::QPN[1])],
+            ends: [end(SIM_QPN[0]), end(SIM_QPN[1])],
             link: Link::new(seed, cfg),
             buf: vec![0; 4096 + 128],
             steps: 0,
         }
+    }
+}
+
+impl Sim<UcQp> {
+    /// Two UC QPs in RESET.
+    pub fn new_uc(seed: u64, cfg: LinkConfig, caps: QpCaps) -> Self {
+        Self::with_qps(seed, cfg, |qpn| UcQp::new(qpn, caps, false))
+    }
+
+    /// Bring both UC QPs RESET -> INIT -> RTR -> RTS, connected to each other (`o.mtu`,
+    /// `o.access`, `o.psn`; the RC-only fields are not used).
+    pub fn connect_uc(&mut self, o: ConnectOpts) {
+        for i in 0..2 {
+            let qp = &mut self.ends[i].qp;
+            qp.modify(&QpAttr {
+                qp_state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port_num: Some(1),
+                qp_access_flags: Some(o.access),
+                ..Default::default()
+            })
+            .expect("RESET->INIT");
+            qp.modify(&QpAttr {
+                qp_state: Some(QpState::Rtr),
+                ah_attr: Some(AddressVector {
+                    port_num: 1,
+                    ..Default::default()
+                }),
+                path_mtu: Some(o.mtu),
+                dest_qp_num: Some(SIM_QPN[1 - i]),
+                rq_psn: Some(o.psn[1 - i]),
+                ..Default::default()
+            })
+            .expect("INIT->RTR");
+            qp.modify(&QpAttr {
+                qp_state: Some(QpState::Rts),
+                sq_psn: Some(o.psn[i]),
+                ..Default::default()
+            })
+            .expect("RTR->RTS");
+        }
+    }
+}
+
+impl Sim<RcQp> {
+    /// The QP numbers of side 0 and side 1 (the same for a UC simulation).
+    pub const QPN: [u32; 2] = SIM_QPN;
+
+    /// Two RC QPs in RESET.
+    pub fn new(seed: u64, cfg: LinkConfig, caps: QpCaps) -> Self {
+        Self::with_qps(seed, cfg, |qpn| RcQp::new(qpn, caps, false))
     }
 
     /// Bring both QPs RESET -> INIT -> RTR -> RTS, connected to each other.
@@ -550,7 +649,9 @@ impl Sim {
             .expect("RTR->RTS");
         }
     }
+}
 
+impl<Q: SimQp> Sim<Q> {
     /// One step: transmit what both QPs have, deliver what is due; if nothing happened, move
     /// the clock to the next event and fire due timers. Returns false when fully idle.
     pub fn step(&mut self) -> bool {
@@ -559,7 +660,7 @@ impl Sim {
         for i in 0..2 {
             let e = &mut self.ends[i];
             let mut guard = 0;
-            while let Some(n) = e.qp.poll_transmit(self.now, &e.mem, &mut self.buf) {
+            while let Some(n) = e.qp.transmit(self.now, &e.mem, &mut self.buf) {
                 self.link.send(self.now, 1 - i, &self.buf[..n]);
                 busy = true;
                 guard += 1;
@@ -567,7 +668,7 @@ impl Sim {
                     panic!("poll_transmit never stops");
                 }
             }
-            while let Some(c) = e.qp.poll_completion() {
+            while let Some(c) = e.qp.completion() {
                 e.completions.push(c);
             }
         }
@@ -575,11 +676,11 @@ impl Sim {
             busy = true;
             if let Ok(pkt) = Packet::parse(&data) {
                 let e = &mut self.ends[to];
-                e.qp.handle_packet(self.now, &pkt, &e.mem);
+                e.qp.receive(self.now, &pkt, &e.mem);
             }
         }
         for e in &mut self.ends {
-            while let Some(c) = e.qp.poll_completion() {
+            while let Some(c) = e.qp.completion() {
                 e.completions.push(c);
             }
         }
@@ -588,8 +689,8 @@ impl Sim {
         }
         let next = [
             self.link.next_delivery(),
-            self.ends[0].qp.poll_timeout(),
-            self.ends[1].qp.poll_timeout(),
+            self.ends[0].qp.timeout(),
+            self.ends[1].qp.timeout(),
         ]
         .into_iter()
         .flatten()
@@ -599,8 +700,8 @@ impl Sim {
             self.now = next;
         }
         for e in &mut self.ends {
-            if e.qp.poll_timeout().is_some_and(|t| t <= self.now) {
-                e.qp.handle_timeout(self.now);
+            if e.qp.timeout().is_some_and(|t| t <= self.now) {
+                e.qp.fire(self.now);
             }
         }
         true
@@ -608,7 +709,7 @@ impl Sim {
 
     /// Step until `done` holds; false if `max_steps` pass first (a livelock) or all goes idle
     /// without `done`.
-    pub fn run_until(&mut self, max_steps: u64, mut done: impl FnMut(&Sim) -> bool) -> bool {
+    pub fn run_until(&mut self, max_steps: u64, mut done: impl FnMut(&Self) -> bool) -> bool {
         for _ in 0..max_steps {
             if done(self) {
                 return true;

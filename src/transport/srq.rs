@@ -2,9 +2,11 @@
 //!
 //! An [`Srq`] is a queue of posted receive WQEs with a capacity (`max_wr`), a scatter/gather
 //! limit (`max_sge`) and a limit (the "low watermark" of `ibv_modify_srq`). A QP created to use
-//! one ([`RcQp::with_srq`](super::RcQp::with_srq), [`UdQp::with_srq`](super::ud::UdQp::with_srq))
-//! has no receive queue of its own: the driver lends it the SRQ with each packet it feeds
+//! one ([`RcQp::with_srq`](super::RcQp::with_srq), [`UcQp::with_srq`](super::UcQp::with_srq),
+//! [`UdQp::with_srq`](super::ud::UdQp::with_srq)) has no receive queue of its own: the driver
+//! lends it the SRQ with each packet it feeds
 //! ([`RcQp::handle_packet_srq`](super::RcQp::handle_packet_srq),
+//! [`UcQp::handle_packet_srq`](super::UcQp::handle_packet_srq),
 //! [`UdQp::handle_packet_srq`](super::ud::UdQp::handle_packet_srq)), as it lends the memory.
 //!
 //! As in rdma_rxe (`get_srq_wqe` in `rxe_resp.c`), a message that needs a receive WQE takes the

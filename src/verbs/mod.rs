@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! devices() -> Device::open() -> Context
-//!   Context::alloc_pd() -> ProtectionDomain -> alloc_mr()/register() -> MemoryRegion
+//!   Context::alloc_pd() -> ProtectionDomain -> alloc_mr()/register()/register_raw() -> MemoryRegion
 //!   Context::create_comp_channel() -> CompletionChannel (an fd for epoll)
 //!   Context::create_cq() -> CompletionQueue -> poll()/req_notify()/ack_events()
 //!   ProtectionDomain::create_qp() -> QueuePair -> modify()/post_send()/post_recv()

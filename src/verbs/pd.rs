@@ -46,6 +46,48 @@ impl ProtectionDomain {
         MemoryRegion::register(&self.shared, self.id, buf, 0, len, access)
     }
 
+    /// `ibv_reg_mr_iova2`: register `len` bytes of memory the caller owns, at `addr`, as a region
+    /// whose virtual address is `iova` (what SGEs, RDMA READ/WRITE remote addresses and atomics
+    /// name, and what [`MemoryRegion::addr`] returns; bounds are checked against it).
+    /// `ibv_reg_mr` is `iova = addr as u64`.
+    ///
+    /// The checks are [`register`](Self::register)'s (access flags, `max_mr_size`, `max_mr`),
+    /// plus the kernel's for user memory: `addr` + `len` and `iova` + `len` must not overflow,
+    /// `iova` must have `addr`'s offset within a page (else `InvalidArgument`, as
+    /// `ib_uverbs_reg_mr` refuses it with `EINVAL`), and `addr` must not be null unless `len` is
+    /// 0. A zero-length region is allowed, as rdma_rxe allows it.
+    ///
+    /// Atomics on the region are 64-bit atomic instructions on the caller's memory, atomic with
+    /// respect to atomics from any QP and to the application's own atomic operations on the word.
+    ///
+    /// # Safety
+    /// Until the returned [`MemoryRegion`] is dropped or deregistered:
+    /// - `[addr, addr + len)` stays valid: mapped, not freed, not unmapped, and writable if
+    ///   `access` contains `LOCAL_WRITE` (every remote write or atomic access requires it);
+    ///   without `LOCAL_WRITE` it is only ever read.
+    /// - The transport may read and write that memory at any time, from any thread (the progress
+    ///   thread, or an application thread that polls or posts), concurrently with the
+    ///   application, as a NIC's DMA would: a peer's RDMA WRITE or atomic, a received message,
+    ///   an RDMA READ response, or a gather for a send. The application must treat it as memory
+    ///   shared with a device: hold no Rust references (`&`/`&mut`) into it across a time the
+    ///   transport may write it, and order its own accesses after the transport's by
+    ///   completions (or use atomics on words peers update with atomics); bytes the application
+    ///   reads while a peer writes them are unspecified.
+    ///
+    /// Dropping or deregistering the region removes its key and then returns only once no copy
+    /// into or out of the memory is in flight; from then on nothing touches it, and the memory
+    /// may be freed or unmapped.
+    pub unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: the contract is this function's, passed on unchanged.
+        unsafe { MemoryRegion::register_raw(&self.shared, self.id, addr, len, iova, access) }
+    }
+
     /// Identity of the PD within its context.
     pub fn id(&self) -> u32 {
         self.id

@@ -16,7 +16,7 @@ use crate::transport::memory::gather_all;
 use crate::transport::ud::{UdDest, UdQp};
 use crate::transport::{
     MemoryAccess, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWqe, SendFlags, SendOp, SendWqe,
-    Sge,
+    Sge, UcQp,
 };
 
 /// `enum ibv_qp_type`.
@@ -24,6 +24,11 @@ use crate::transport::{
 pub enum QpType {
     /// Reliable Connected.
     Rc,
+    /// Unreliable Connected: connected like RC (address vector, remote QPN, PSNs), with SEND,
+    /// SEND_WITH_IMM, RDMA_WRITE and RDMA_WRITE_WITH_IMM only (READ and atomics are refused at
+    /// post). No acknowledgements: a send completes once its packets are on the wire, and a
+    /// message that loses a packet is dropped whole at the receiver, with no completion.
+    Uc,
     /// Unreliable Datagram: one packet per message (at most the port's active MTU), sent to
     /// the address handle, QPN and Q_Key named in each [`UdSendWr`]; receive buffers start with
     /// [`GRH_LEN`](super::GRH_LEN) bytes that receive the GRH area.
@@ -38,8 +43,8 @@ pub struct QpInitAttr<'a> {
     pub qp_type: QpType,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
-    /// A shared receive queue of the same protection domain to take receive WQEs from (RC and
-    /// UD): the QP then has no receive queue of its own (`cap.max_recv_wr` and `max_recv_sge`
+    /// A shared receive queue of the same protection domain to take receive WQEs from (RC, UC
+    /// and UD): the QP then has no receive queue of its own (`cap.max_recv_wr` and `max_recv_sge`
     /// are ignored and granted as 0, and [`QueuePair::post_recv`] fails with EINVAL); its
     /// receive completions still go to `recv_cq`, with its own `qp_num`.
     pub srq: Option<&'a SharedReceiveQueue>,
@@ -162,6 +167,8 @@ impl QueuePair {
         let qp = match (attr.qp_type, attr.srq.is_some()) {
             (QpType::Rc, false) => QpTransport::Rc(RcQp::new(qpn, caps, attr.sq_sig_all)),
             (QpType::Rc, true) => QpTransport::Rc(RcQp::with_srq(qpn, caps, attr.sq_sig_all)),
+            (QpType::Uc, false) => QpTransport::Uc(UcQp::new(qpn, caps, attr.sq_sig_all)),
+            (QpType::Uc, true) => QpTransport::Uc(UcQp::with_srq(qpn, caps, attr.sq_sig_all)),
             (QpType::Ud, false) => QpTransport::Ud(UdQp::new(qpn, caps, attr.sq_sig_all, mtu)),
             (QpType::Ud, true) => QpTransport::Ud(UdQp::with_srq(qpn, caps, attr.sq_sig_all, mtu)),
         };
@@ -256,6 +263,7 @@ impl QueuePair {
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
         self.with(|s| match &mut s.qp {
             QpTransport::Rc(q) => q.modify(attr, Instant::now()).map(|_| ()),
+            QpTransport::Uc(q) => q.modify(attr),
             QpTransport::Ud(q) => q.modify(attr),
         })??;
         Ok(())
@@ -265,6 +273,7 @@ impl QueuePair {
     pub fn query(&self) -> Result<QpAttr> {
         self.with(|s| match &s.qp {
             QpTransport::Rc(q) => q.query(),
+            QpTransport::Uc(q) => q.query(),
             QpTransport::Ud(q) => q.query(),
         })
     }
@@ -275,23 +284,25 @@ impl QueuePair {
     }
 
     /// `ibv_post_send`: queue the WRs in order and start sending on this thread. Stops at the
-    /// first WR that cannot be posted and returns its index, like `bad_wr`. A UD QP takes
+    /// first WR that cannot be posted and returns its index, like `bad_wr`. RC and UC QPs (UC
+    /// refuses RDMA READ and atomics with [`PostError::UnsupportedOp`], `EINVAL`). A UD QP takes
     /// [`QueuePair::post_send_ud`] instead (its WRs name a destination).
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        if self.qp_type != QpType::Rc {
+        if self.qp_type == QpType::Ud {
             return Err(VerbsError::InvalidArgument(
                 "UD QP: post with post_send_ud (a WR needs an AH, QPN and Q_Key)",
             ));
         }
         let mem = self.shared.mrs.for_pd(self.pd);
         let r = self.with(|s| {
-            let QpTransport::Rc(rc) = &mut s.qp else {
-                unreachable!("checked above")
-            };
             for (index, wr) in wrs.iter().enumerate() {
                 let wqe = self.wqe(&mem, index, wr.wr_id, wr.op, wr.sg_list, wr.flags)?;
-                rc.post_send(wqe)
-                    .map_err(|error| VerbsError::Post { index, error })?;
+                match &mut s.qp {
+                    QpTransport::Rc(q) => q.post_send(wqe),
+                    QpTransport::Uc(q) => q.post_send(wqe),
+                    QpTransport::Ud(_) => unreachable!("checked above"),
+                }
+                .map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
         })?;
@@ -342,7 +353,7 @@ impl QueuePair {
         &self,
         wqes: impl IntoIterator<Item = (SendWqe, Option<UdSend<'a>>)>,
     ) -> Result<()> {
-        let r = self.with(|s| {
+        self.with(|s| {
             for (index, (wqe, ud)) in wqes.into_iter().enumerate() {
                 if wqe.flags.inline && wqe.inline_data.len() > self.caps.max_inline_data as usize {
                     return Err(VerbsError::Post {
@@ -355,6 +366,7 @@ impl QueuePair {
                 }
                 let posted = match (&mut s.qp, ud) {
                     (QpTransport::Rc(q), None) => q.post_send(wqe),
+                    (QpTransport::Uc(q), None) => q.post_send(wqe),
                     (QpTransport::Ud(q), Some(ud)) => {
                         if ud.ah.pd != self.pd || !Arc::ptr_eq(&ud.ah.shared, &self.shared) {
                             return Err(VerbsError::InvalidArgument(
@@ -382,8 +394,7 @@ impl QueuePair {
                 posted.map_err(|error| VerbsError::Post { index, error })?;
             }
             Ok(())
-        })?;
-        r
+        })?
     }
 
     /// The send WQE of one WR; inline data is copied now.
@@ -438,6 +449,7 @@ impl QueuePair {
                 };
                 match &mut s.qp {
                     QpTransport::Rc(q) => q.post_recv(wqe),
+                    QpTransport::Uc(q) => q.post_recv(wqe),
                     QpTransport::Ud(q) => q.post_recv(wqe),
                 }
                 .map_err(|error| VerbsError::Post { index, error })?;

@@ -111,6 +111,30 @@ rc_pingpong_pair 10k      "-g 1 -n 100 -s 10000"
 rc_pingpong_pair 10k-m4096 "-g 1 -n 100 -s 10000 -m 4096"
 rc_pingpong_pair 4k-events "-g 1 -n 100 -s 4096 -e"
 
+# --- softrdma <-> kernel: ibv_uc_pingpong (examples/rc_pingpong.rs --uc). ------------------------
+# ibv_uc_pingpong's flow is ibv_rc_pingpong's with a UC QP (RTR: path, MTU, QPN, PSN; RTS: the send
+# PSN only): the same TCP exchange and output. UC has no retransmission, so a lost packet would
+# hang a run; the tap loses none at one message in flight. Multi-packet messages at 1024 and 4096.
+# uc_pingpong_pair TAG ARGS: kernel server + softrdma client, then softrdma server + kernel client.
+uc_pingpong_pair() {
+  local tag=$1 args=$2 n s bytes
+  n=$(sed -nE 's/.*-n ([0-9]+).*/\1/p' <<<"$args"); s=$(sed -nE 's/.*-s ([0-9]+).*/\1/p' <<<"$args")
+  bytes=$((2 * n * s))
+  scenario "uc-pingpong-$tag-kernel-server" role=host-client needs=rc_pingpong timeout=60 \
+    desc="kernel ibv_uc_pingpong $args server in the guest, softrdma rc_pingpong --uc client" \
+    guest="ibv_uc_pingpong -d rxe0 $args & srv=\$!; wait_listen 18515 && ready && wait \$srv" \
+    host="\"\$EX/rc_pingpong\" --uc $args \$GUEST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+  scenario "uc-pingpong-$tag-host-server" role=host-server needs=rc_pingpong timeout=60 \
+    desc="softrdma rc_pingpong --uc $args server, kernel ibv_uc_pingpong client in the guest" \
+    host="\"\$EX/rc_pingpong\" --uc $args" host_ready='host_listening 18515' \
+    guest="ibv_uc_pingpong -d rxe0 $args \$HOST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds"
+}
+uc_pingpong_pair 4k        "-g 1 -n 100 -s 4096"
+uc_pingpong_pair 10k-m4096 "-g 1 -n 100 -s 10000 -m 4096"
+uc_pingpong_pair 4k-events "-g 1 -n 100 -s 4096 -e"
+
 # --- softrdma <-> kernel: ud_pingpong (examples/ud_pingpong.rs), SKIP until it is built. ----------
 # Same exchange as rc_pingpong (TCP 18515, LID:QPN:PSN:GID); every message is one UD SEND with
 # Q_Key 0x11111111 to an AH built from the peer's GID; receive buffers start with the 40-byte GRH
@@ -255,3 +279,40 @@ scenario rping-no-listener-in-guest role=host-client needs=rping timeout=60 host
   guest='ready; sleep 5' \
   host='"$EX/rping" -c -a $GUEST_IP -p 7999 -C 1 -v' \
   expect_host='RDMA_CM_EVENT_REJECTED, error 8'
+
+# --- Debian's unmodified programs on softrdma's libibverbs.so.1 / librdmacm.so.1 (capi/). --------
+# The host side runs the very binaries the guest runs (rdma-core's and perftest's, from Debian),
+# through `softrdma run --`, which puts softrdma's libraries first on the library path.
+# capi_pair TAG GUEST_SERVER HOST_CLIENT HOST_SERVER GUEST_CLIENT ERE [READY]: kernel server +
+# softrdma client, then softrdma server + kernel client; ERE must match both sides' output.
+# READY: how the host server is seen listening (default: TCP 18515, the tools' exchange port).
+CAPI="$EX/../softrdma"
+capi_pair() {
+  local tag=$1 gsrv=$2 hcli=$3 hsrv=$4 gcli=$5 ere=$6 ready=${7:-host_listening 18515}
+  scenario "capi-$tag-kernel-server" role=host-client needs="$CAPI" timeout=90 \
+    desc="kernel $gsrv in the guest, Debian's $hcli on softrdma" \
+    guest="$gsrv & srv=\$!; sleep 2; ready; wait \$srv" \
+    host="for i in 1 2 3 4 5 6; do \"\$EX/../softrdma\" run -- $hcli && exit 0; sleep 2; done; exit 1" \
+    expect_guest="$ere" expect_host="$ere"
+  scenario "capi-$tag-host-server" role=host-server needs="$CAPI" timeout=90 \
+    desc="Debian's $hsrv on softrdma, kernel $gcli in the guest" \
+    host="\"\$EX/../softrdma\" run -- $hsrv" host_ready="$ready" \
+    guest="$gcli" \
+    expect_guest="$ere" expect_host="$ere"
+}
+capi_pair rc-pingpong \
+  'ibv_rc_pingpong -d rxe0 -g 1 -n 100 -s 4096' 'ibv_rc_pingpong -g 1 -n 100 -s 4096 $GUEST_IP' \
+  'ibv_rc_pingpong -g 1 -n 100 -s 4096' 'ibv_rc_pingpong -d rxe0 -g 1 -n 100 -s 4096 $HOST_IP' \
+  '^819200 bytes in [0-9.]+ seconds'
+capi_pair ud-pingpong \
+  'ibv_ud_pingpong -d rxe0 -g 1 -n 100 -s 2048' 'ibv_ud_pingpong -g 1 -n 100 -s 2048 $GUEST_IP' \
+  'ibv_ud_pingpong -g 1 -n 100 -s 2048' 'ibv_ud_pingpong -d rxe0 -g 1 -n 100 -s 2048 $HOST_IP' \
+  '^409600 bytes in [0-9.]+ seconds'
+capi_pair srq-pingpong \
+  'ibv_srq_pingpong -d rxe0 -g 1 -n 50 -s 4096' 'ibv_srq_pingpong -g 1 -n 50 -s 4096 $GUEST_IP' \
+  'ibv_srq_pingpong -g 1 -n 50 -s 4096' 'ibv_srq_pingpong -d rxe0 -g 1 -n 50 -s 4096 $HOST_IP' \
+  '^409600 bytes in [0-9.]+ seconds'
+capi_pair uc-pingpong \
+  'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -g 1 -n 100 -s 4096 $GUEST_IP' \
+  'ibv_uc_pingpong -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096 $HOST_IP' \
+  '^819200 bytes in [0-9.]+ seconds'

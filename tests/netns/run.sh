@@ -53,6 +53,22 @@ run perftest-write-R "$EX/perftest write -R -n 500 -s 65536" "$EX/perftest write
 # (the loopback device is last), as a user would run it: no -d, no SOFTRDMA_ADDR.
 run rc-pingpong "$EX/rc_pingpong -g 1 -n 200 -s 4096" "$EX/rc_pingpong -g 1 -n 200 -s 4096 $IPA" '^1638400 bytes in'
 
+# Debian's unmodified programs on softrdma's libibverbs.so.1 / librdmacm.so.1 (capi/), across
+# the namespaces: each opens the first device (the veth), as a user runs them.
+CAPI=${CAPI:-target/release/softrdma}
+if [ -x "$CAPI" ]; then
+  run capi-rc-pingpong "$CAPI run -- ibv_rc_pingpong -g 0 -n 200 -s 4096" \
+    "$CAPI run -- ibv_rc_pingpong -g 0 -n 200 -s 4096 $IPA" '^1638400 bytes in'
+  run capi-uc-pingpong "$CAPI run -- ibv_uc_pingpong -g 0 -n 200 -s 4096" \
+    "$CAPI run -- ibv_uc_pingpong -g 0 -n 200 -s 4096 $IPA" '^1638400 bytes in'
+  run capi-ud-pingpong "$CAPI run -- ibv_ud_pingpong -g 0 -n 200 -s 1024" \
+    "$CAPI run -- ibv_ud_pingpong -g 0 -n 200 -s 1024 $IPA" '^409600 bytes in'
+  run capi-srq-pingpong "$CAPI run -- ibv_srq_pingpong -g 0 -n 100 -s 4096" \
+    "$CAPI run -- ibv_srq_pingpong -g 0 -n 100 -s 4096 $IPA" '^819200 bytes in'
+else
+  echo "SKIP capi-* (build $CAPI: cargo build --release -p softrdma-capi)"
+fi
+
 # Several processes sharing one non-loopback address on each side (issue 8): three servers at
 # once in A, their three clients at once in B, plus an rc_pingpong pair; every one must finish.
 shared() {

@@ -38,6 +38,7 @@ impl Handle for Qp {
 fn qp_type(t: u32) -> Option<QpType> {
     match t {
         IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UC => Some(QpType::Uc),
         IBV_QPT_UD => Some(QpType::Ud),
         _ => None,
     }
@@ -102,7 +103,7 @@ pub(crate) fn create_with(
         }
     };
     let Some(t) = qp_type(qp_type_c) else {
-        // XRC, raw packet, driver QPs: not on this device. (UC comes with the transport.)
+        // XRC, raw packet, driver QPs: not on this device.
         return fail_null(libc::EOPNOTSUPP);
     };
     let caps = QpCaps {
@@ -211,10 +212,15 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         if a.comp_mask & !supported != 0 || a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
             return fail_null(libc::EOPNOTSUPP);
         }
-        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
-            && a.send_ops_flags & !super::qp_ex::SUPPORTED_SEND_OPS != 0
-        {
-            return fail_null(libc::EOPNOTSUPP);
+        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            // As rxe's check_qp_init_attr: UC has no READ or atomics.
+            let supported = match a.qp_type {
+                IBV_QPT_UC => super::qp_ex::SUPPORTED_UC_SEND_OPS,
+                _ => super::qp_ex::SUPPORTED_SEND_OPS,
+            };
+            if a.send_ops_flags & !supported != 0 {
+                return fail_null(libc::EOPNOTSUPP);
+            }
         }
         create(
             a.pd,

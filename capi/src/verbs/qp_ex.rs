@@ -20,6 +20,12 @@ pub(crate) const SUPPORTED_SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) as u64;
 
+/// The send operations `ibv_create_qp_ex` may ask for on a UC QP.
+pub(crate) const SUPPORTED_UC_SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM) as u64;
+
 /// One WR being built: the WQE and, on UD, its destination.
 struct Pending {
     wqe: SendWqe,

@@ -77,3 +77,40 @@ pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }
+
+/// True if rdma-core's development headers are installed; in CI (`CI` set) they must be.
+pub fn have_headers() -> bool {
+    let ok = std::path::Path::new("/usr/include/infiniband/verbs.h").exists()
+        && std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs libibverbs-dev and librdmacm-dev (.ci/run installs them)"
+        );
+        eprintln!("skipped: install libibverbs-dev and librdmacm-dev to run this test");
+    }
+    ok
+}
+
+/// Compiles `tests/c/<name>.c` with the system's C compiler against the system headers,
+/// linked normally with `-libverbs -lrdmacm`; returns the executable.
+pub fn compile_c(name: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let dir = std::env::temp_dir().join(format!("softrdma-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let exe = dir.join(name);
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-libverbs", "-lrdmacm", "-lpthread"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        o.status.success(),
+        "compiling {}: {}",
+        src.display(),
+        text(&o)
+    );
+    exe
+}

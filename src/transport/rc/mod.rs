@@ -7,5 +7,7 @@ mod requester;
 mod responder;
 mod timer;
 
-pub(crate) use qp::check_send_lists;
+pub(crate) use completer::complete;
+pub(crate) use qp::{check_send_lists, flush_recv, Cq};
 pub use qp::{PostError, QpError, RcQp, MAX_MSG_LEN};
+pub(crate) use requester::{ReqEvent, ReqParams, Requester, SendEntry};

@@ -216,6 +216,7 @@ impl RcQp {
             dest_qpn: self.attr.dest_qp_num.unwrap_or(0),
             max_rd_atomic: self.attr.max_rd_atomic.unwrap_or(0) as u32,
             draining: self.state == QpState::Sqd,
+            unreliable: false,
         }
     }
 
@@ -659,7 +660,8 @@ pub(crate) fn check_send_lists(wqe: &SendWqe, caps: &QpCaps) -> Result<(), PostE
     Ok(())
 }
 
-fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
+/// A receive WQE flushed with WR_FLUSH_ERR (RC and UC).
+pub(crate) fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
     Completion::recv(
         wr_id,
         WcStatus::WrFlushErr,
@@ -672,17 +674,23 @@ fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
 }
 
 /// The completions of this QP not yet polled, with per-side counts (they still occupy their work
-/// queue slot until polled, as in libibverbs).
+/// queue slot until polled, as in libibverbs). RC and UC.
 #[derive(Debug, Default)]
-struct Cq {
+pub(crate) struct Cq {
     qpn: u32,
     q: VecDeque<Completion>,
-    send_pending: usize,
-    recv_pending: usize,
+    pub(crate) send_pending: usize,
+    pub(crate) recv_pending: usize,
 }
 
 impl Cq {
-    fn push(&mut self, mut c: Completion) {
+    pub(crate) fn new(qpn: u32) -> Cq {
+        Cq {
+            qpn,
+            ..Cq::default()
+        }
+    }
+    pub(crate) fn push(&mut self, mut c: Completion) {
         c.qp_num = self.qpn;
         match c.side {
             CqSide::Send => self.send_pending += 1,
@@ -690,7 +698,7 @@ impl Cq {
         }
         self.q.push_back(c);
     }
-    fn pop(&mut self) -> Option<Completion> {
+    pub(crate) fn pop(&mut self) -> Option<Completion> {
         let c = self.q.pop_front()?;
         match c.side {
             CqSide::Send => self.send_pending -= 1,

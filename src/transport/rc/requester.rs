@@ -99,6 +99,9 @@ pub(crate) struct ReqParams {
     pub max_rd_atomic: u32,
     /// SQD: finish what was started, start nothing new.
     pub draining: bool,
+    /// Unreliable Connected: UC opcodes, and no window of unacknowledged PSNs (nothing is ever
+    /// acknowledged); the QP retires each WQE once its last packet is out.
+    pub unreliable: bool,
 }
 
 /// What the requester produced.
@@ -221,8 +224,8 @@ impl Requester {
                 return None;
             }
         }
-        // Flow window on unacknowledged PSNs.
-        if self.next_psn.diff(self.una) >= MAX_UNACKED_PSNS {
+        // Flow window on unacknowledged PSNs (RC only, as rxe: UC is never acknowledged).
+        if !p.unreliable && self.next_psn.diff(self.una) >= MAX_UNACKED_PSNS {
             return None;
         }
         let max_psn = self.max_psn;
@@ -273,11 +276,19 @@ impl Requester {
             SendOp::CompareSwap { .. } => (Opcode::RC_COMPARE_SWAP, 1, 0, 0),
             SendOp::FetchAdd { .. } => (Opcode::RC_FETCH_ADD, 1, 0, 0),
         };
+        // IBA Table 38: a UC SEND/WRITE opcode is the RC one with service bits 001 (0x20..0x2b);
+        // the headers are the same. READs and atomics never reach a UC send queue.
+        let opcode = if p.unreliable {
+            Opcode(opcode.0 | 0x20)
+        } else {
+            opcode
+        };
         let ends = k + consumed >= e.npkts;
         let mut bth = Bth::new(opcode, p.dest_qpn, psn);
         bth.pad_count = Bth::pad_for(payload_len);
         // AckReq on the last packet of a message, and within a long one once more than
-        // MAX_PKT_PER_ACK packets went without (exactly as rxe_req.c counts them).
+        // MAX_PKT_PER_ACK packets went without (exactly as rxe_req.c counts them); UC packets
+        // carry it too, as rxe's do, and the UC responder ignores it.
         bth.ack_req = ends || self.noack_pkts > MAX_PKT_PER_ACK;
         // The SE bit goes on the last packet of a SEND or RDMA WRITE with immediate (IBA 9.2.2).
         bth.solicited = ends
@@ -425,6 +436,7 @@ mod tests {
             dest_qpn: 0x42,
             max_rd_atomic: 2,
             draining: false,
+            unreliable: false,
         }
     }
 
