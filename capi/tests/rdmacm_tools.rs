@@ -49,12 +49,33 @@ fn pair(
             break c;
         }
     };
-    if !server_exits {
+    if !server_exits || !c.status.success() {
         // SAFETY: kill on the process group of a child we spawned (and still hold).
         unsafe { libc::kill(-(s.id() as i32), libc::SIGKILL) };
     }
     let s = wait(s, prog_s, LIMIT);
     (s, c)
+}
+
+/// Both programs exited 0 and each printed every line of `want`.
+fn both_ok(s: &Output, c: &Output, want: &[&str]) {
+    assert!(
+        c.status.success(),
+        "client: {}\nserver: {}",
+        text(c),
+        text(s)
+    );
+    assert!(
+        s.status.success(),
+        "server: {}\nclient: {}",
+        text(s),
+        text(c)
+    );
+    for o in [s, c] {
+        for w in want {
+            assert!(out(o).contains(w), "no {w:?} in {}", text(o));
+        }
+    }
 }
 
 fn skip(prog: &str) -> bool {
@@ -132,69 +153,131 @@ fn cmtime_connects_and_disconnects() {
     }
 }
 
-fn ucmatose(extra: &[&str]) {
-    if skip("ucmatose") {
-        return;
-    }
+fn ucmatose(extra: &[&str]) -> (Output, Output) {
     let port = util::free_port().to_string();
     let mut sa = vec!["-p", port.as_str(), "-c", "2"];
     sa.extend_from_slice(extra);
     let mut ca = vec!["-s", "127.0.0.1", "-p", port.as_str(), "-c", "2"];
     ca.extend_from_slice(extra);
-    let (s, c) = pair("ucmatose", &sa, "ucmatose", &ca, true);
-    assert!(
-        c.status.success(),
-        "client: {}\nserver: {}",
-        text(&c),
-        text(&s)
-    );
-    assert!(
-        s.status.success(),
-        "server: {}\nclient: {}",
-        text(&s),
-        text(&c)
-    );
-    for o in [&s, &c] {
-        assert!(out(o).contains("return status 0"), "{}", text(o));
-    }
+    pair("ucmatose", &sa, "ucmatose", &ca, true)
 }
 
 #[test]
-fn ucmatose_two_connections() {
-    ucmatose(&["-C", "0"]);
+fn ucmatose_two_connections_ten_messages_each() {
+    if skip("ucmatose") {
+        return;
+    }
+    let (s, c) = ucmatose(&["-C", "10"]);
+    both_ok(&s, &c, &["data transfers complete", "return status 0"]);
 }
 
 #[test]
 fn ucmatose_migrates_ids_to_a_new_channel() {
-    ucmatose(&["-C", "0", "-m"]);
+    if skip("ucmatose") {
+        return;
+    }
+    let (s, c) = ucmatose(&["-C", "0", "-m"]);
+    both_ok(
+        &s,
+        &c,
+        &["migrating to new event channel", "return status 0"],
+    );
 }
 
 /// udaddy's port is fixed (7174; its `-p` is the port space), so only this test runs it.
 #[test]
-fn udaddy_resolves_a_ud_peer() {
+fn udaddy_ud_messages_through_address_handles() {
     if skip("udaddy") {
         return;
     }
+    let (s, c) = pair("udaddy", &[], "udaddy", &["-s", "127.0.0.1"], true);
+    both_ok(&s, &c, &["data transfers complete", "return status 0"]);
+}
+
+#[test]
+fn rping_ten_verified_pings() {
+    if skip("rping") {
+        return;
+    }
+    let port = util::free_port().to_string();
     let (s, c) = pair(
-        "udaddy",
-        &["-C", "0"],
-        "udaddy",
-        &["-s", "127.0.0.1", "-C", "0"],
+        "rping",
+        &["-s", "-a", "127.0.0.1", "-p", &port, "-C", "10", "-V"],
+        "rping",
+        &["-c", "-a", "127.0.0.1", "-p", &port, "-C", "10", "-V", "-v"],
         true,
     );
+    both_ok(&s, &c, &[]);
+    let o = out(&c);
+    for i in 0..10 {
+        assert!(
+            o.contains(&format!("ping data: rdma-ping-{i}: ")),
+            "ping {i} missing:\n{o}"
+        );
+    }
+}
+
+/// The IPv6 wildcard takes an IPv4 peer, which may name itself IPv4-mapped.
+#[test]
+fn rping_ipv6_wildcard_server_ipv4_mapped_client() {
+    if skip("rping") {
+        return;
+    }
+    let port = util::free_port().to_string();
+    let (s, c) = pair(
+        "rping",
+        &["-s", "-a", "::", "-p", &port, "-C", "3", "-V"],
+        "rping",
+        &[
+            "-c",
+            "-a",
+            "::ffff:127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            "3",
+            "-V",
+            "-v",
+        ],
+        true,
+    );
+    both_ok(&s, &c, &[]);
+    assert!(out(&c).contains("ping data: rdma-ping-2: "), "{}", text(&c));
+}
+
+/// `rdma_server`/`rdma_client` and the x versions: synchronous endpoints (`rdma_create_ep`,
+/// `rdma_get_request`), the `rdma_verbs.h` helpers on the CQs and channels librdmacm creates.
+fn endpoints(server: &str, client: &str) {
+    if skip(server) || skip(client) {
+        return;
+    }
+    let port = util::free_port().to_string();
+    let (s, c) = pair(
+        server,
+        &["-p", &port],
+        client,
+        &["-s", "127.0.0.1", "-p", &port],
+        true,
+    );
+    both_ok(&s, &c, &[]);
     assert!(
-        c.status.success(),
-        "client: {}\nserver: {}",
-        text(&c),
+        out(&s).contains(&format!("{server}: end 0")),
+        "{}",
         text(&s)
     );
     assert!(
-        s.status.success(),
-        "server: {}\nclient: {}",
-        text(&s),
+        out(&c).contains(&format!("{client}: end 0")),
+        "{}",
         text(&c)
     );
-    for o in [&s, &c] {
-        assert!(out(o).contains("return status 0"), "{}", text(o));
-    }
+}
+
+#[test]
+fn rdma_server_and_client() {
+    endpoints("rdma_server", "rdma_client");
+}
+
+#[test]
+fn rdma_xserver_and_xclient() {
+    endpoints("rdma_xserver", "rdma_xclient");
 }
