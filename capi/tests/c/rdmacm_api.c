@@ -2,7 +2,7 @@
  * devices, the fields of rdma_cm_id, events with their parameters and private data both ways,
  * QPs created by rdma_create_qp, reject, disconnect, non-blocking channels, options, errors.
  * Built against the installed rdma-core headers and run on softrdma's librdmacm.so.1 by
- * tests/rdmacm_api.rs. Usage: rdmacm_api PORT (PORT, PORT+1 and PORT+2 are used). */
+ * tests/rdmacm_tools.rs. Usage: rdmacm_api PORT1 PORT2 PORT3. */
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 #include <infiniband/verbs.h>
@@ -353,19 +353,22 @@ static void test_migrate(struct rdma_event_channel *ch)
 int main(int argc, char **argv)
 {
 	struct rdma_event_channel *ch;
-	int port = argc > 1 ? atoi(argv[1]) : 7471;
+	int port[3] = { 7471, 7472, 7473 };
 	char ps[16];
 
-	snprintf(ps, sizeof(ps), "%d", port);
+	for (int i = 0; i < 3 && i + 1 < argc; i++)
+		port[i] = atoi(argv[i + 1]);
+
+	snprintf(ps, sizeof(ps), "%d", port[0]);
 	test_strings();
 	test_getaddrinfo(ps);
 	test_devices();
 	ch = rdma_create_event_channel();
 	CHECK(ch && ch->fd >= 0, "channel");
 	test_errors(ch);
-	test_connection(ch, port, 0);
-	test_connection(ch, port + 1, 1);
-	test_reject_and_nonblocking(ch, port + 2);
+	test_connection(ch, port[0], 0);
+	test_connection(ch, port[1], 1);
+	test_reject_and_nonblocking(ch, port[2]);
 	test_migrate(ch);
 	rdma_destroy_event_channel(ch);
 	printf("rdmacm_api: %d checks passed\n", checks);
