@@ -2,9 +2,9 @@
 //! processes on this machine's loopback device), and a C program that checks the API's
 //! details (`c/rdmacm_api.c`). Each test uses its own ports.
 //!
-//! A client started before its server listens is refused (REJECTED, reason 8); such a client
-//! is started again, a bounded number of times, rather than guessing how long the server takes
-//! to start on a loaded machine.
+//! A client started before its server listens is refused; such a client is started again, a
+//! bounded number of times, rather than guessing how long the server takes to start on a
+//! loaded machine.
 
 mod util;
 
@@ -23,10 +23,21 @@ fn out(o: &Output) -> String {
     )
 }
 
-/// True if the client's output says nobody listened yet.
+/// True if the client's output says nobody listened yet: REJECTED (RC, reason 8),
+/// UNREACHABLE (UD: the SIDR reply's status 1), or ECONNREFUSED from a synchronous id.
 fn refused(o: &Output) -> bool {
     let s = out(o);
-    !o.status.success() && (s.contains("REJECTED") || s.contains("refused"))
+    !o.status.success()
+        && ["REJECTED", "UNREACHABLE", "refused"]
+            .iter()
+            .any(|w| s.contains(w))
+}
+
+/// One server/client pair at a time: the programs poll, and a 2-core machine running several
+/// pairs at once only makes each slower.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Starts `server`, then runs the client (again while it is refused) and returns both
@@ -38,6 +49,7 @@ fn pair(
     client: &[&str],
     server_exits: bool,
 ) -> (Output, Output) {
+    let _one = one_at_a_time();
     // Its own process group, so that killing it reaches the program `softrdma run` started.
     let s: Child = run(prog_s, server).process_group(0).spawn().unwrap();
     let mut attempt = 0;
@@ -49,11 +61,22 @@ fn pair(
             break c;
         }
     };
+    let group = -(s.id() as i32);
+    // SAFETY: kill on the process group of a child we spawned (and still hold).
+    let kill = move || unsafe { libc::kill(group, libc::SIGKILL) };
     if !server_exits || !c.status.success() {
-        // SAFETY: kill on the process group of a child we spawned (and still hold).
-        unsafe { libc::kill(-(s.id() as i32), libc::SIGKILL) };
+        kill();
     }
+    // A server that does not finish is killed with its program before `wait` reports it.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let guard = std::thread::spawn(move || {
+        if rx.recv_timeout(LIMIT - Duration::from_secs(5)).is_err() {
+            kill();
+        }
+    });
     let s = wait(s, prog_s, LIMIT);
+    let _ = tx.send(());
+    let _ = guard.join();
     (s, c)
 }
 
