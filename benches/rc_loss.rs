@@ -63,7 +63,10 @@ fn main() {
         "path", "mtu", "depth", "loss", "MB/s", "ratio", "sent", "rexmit", "naks", "rto", "tlp", "rewnd", "ooo", "idle"
     );
     for p in &profiles {
-        if filter.as_ref().is_some_and(|f| !p.name.contains(f.as_str())) {
+        if filter
+            .as_ref()
+            .is_some_and(|f| !p.name.contains(f.as_str()))
+        {
             continue;
         }
         for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {

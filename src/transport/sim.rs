@@ -925,7 +925,9 @@ pub fn write_stream(seed: u64, cfg: LinkConfig, o: StreamOpts, max_steps: u64) -
     if o.verify && done == o.messages {
         for i in 0..slots {
             let d = pattern(seed ^ (i as u64) << 20, o.msg_len);
-            let got = s.ends[1].mem.read(dst.addr + (i * o.msg_len) as u64, o.msg_len);
+            let got = s.ends[1]
+                .mem
+                .read(dst.addr + (i * o.msg_len) as u64, o.msg_len);
             assert!(got == d, "seed {seed}: WRITE {i} did not land intact");
         }
     }

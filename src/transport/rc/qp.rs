@@ -165,6 +165,12 @@ pub struct RcQp {
     rtt_timed: Option<(Psn, Instant)>,
     /// Tail-loss probes since the last progress: each doubles the probe timeout.
     probes_in_row: u32,
+    /// Where the cursor was when the probe took it back, and whether the probed packet was a
+    /// READ or atomic request.
+    probe_resume: Psn,
+    probe_rd: bool,
+    /// The probe out is the one sent at once after a duplicate answer.
+    probe_chained: bool,
 }
 
 impl RcQp {
@@ -210,6 +216,9 @@ impl RcQp {
             rttvar: Duration::ZERO,
             rtt_timed: None,
             probes_in_row: 0,
+            probe_resume: Psn::new(0),
+            probe_rd: false,
+            probe_chained: false,
         }
     }
     /// A new QP in RESET that takes its receive WQEs from a shared receive queue (lent with
@@ -580,12 +589,8 @@ impl RcQp {
                 }
             }
             self.probes_in_row = 0;
-            if self.req.probe != Probe::Off && r.action == CompAction::None {
-                // The probe was answered: the responder holds everything before the new
-                // oldest unacknowledged PSN; what followed it was lost or dropped (a
-                // responder that sent a sequence NAK drops all out-of-sequence packets).
-                let una = self.req.una;
-                self.rewind(una);
+            if r.action == CompAction::None {
+                self.probe_answered();
             }
             self.arm_retransmit(now);
             self.arm_probe(now);
@@ -734,10 +739,9 @@ impl RcQp {
     /// Tail-loss probe: nothing answered for a few round trips. When the last packets of a
     /// burst are lost, or the responder's one sequence NAK is, or the retransmission that
     /// answered it, nothing else would move before the local ACK timeout (perftest's is
-    /// 67 ms). Send the oldest unacknowledged packet again, with AckReq, and nothing more: the
-    /// responder either takes it in sequence and ACKs it, or ACKs it as a duplicate with the
-    /// last PSN it holds; either way the requester then goes back to the new oldest
-    /// unacknowledged PSN. This consumes no retry: only the local ACK timeout does.
+    /// 67 ms). Send the oldest unacknowledged packet again, with AckReq, and nothing more
+    /// until it is answered ([`RcQp::probe_answered`]). This consumes no retry: only the local
+    /// ACK timeout does.
     fn probe(&mut self, now: Instant) {
         if !self.req.outstanding()
             || self.req.rnr_paused
@@ -747,12 +751,64 @@ impl RcQp {
         }
         self.stats.probes += 1;
         self.probes_in_row += 1;
-        let una = self.req.una;
-        self.req.on_loss(una);
         self.rtt_timed = None;
+        if self.req.probe == Probe::Off {
+            self.probe_resume = self.req.next_psn;
+        }
+        self.probe_chained = false;
+        let una = self.req.una;
         self.req.seek(una);
+        self.probe_rd = self
+            .req
+            .sq
+            .get(self.req.idx)
+            .is_some_and(|e| e.is_rd_atomic());
         self.req.probe = Probe::Due;
         self.arm_probe(now);
+    }
+
+    /// Progress while a probe is out. The responder answers a probe it takes in sequence
+    /// with an ACK of exactly that PSN, and a duplicate with an ACK of the last PSN it holds
+    /// (IBA C9-104; rdma_rxe: the PSN before the one it expects). An ACK of exactly the
+    /// probed PSN of a SEND or WRITE means the hole was there: what was sent after it was lost
+    /// or dropped (a responder that NAKed drops everything out of sequence), so go back to the
+    /// new oldest unacknowledged PSN — a loss. Anything else (a later PSN: the probe was a
+    /// duplicate, e.g. ACKs were lost or merely late) leaves the cursor where the probe found
+    /// it: a gap still there draws a NAK from the next packet, or the next probe finds it.
+    fn probe_answered(&mut self) {
+        match self.req.probe {
+            Probe::Off => {}
+            Probe::Due => self.req.probe = Probe::Off,
+            Probe::Sent => {
+                self.req.probe = Probe::Off;
+                let una = self.req.una;
+                if !self.probe_rd && una == self.req.last_probe.add(1) {
+                    self.req.on_loss(self.req.last_probe);
+                    self.rewind(una);
+                } else if !self.probe_chained && una.before(self.probe_resume) {
+                    // A duplicate: the responder expects `una`, and packets from there on
+                    // were sent before the probe. Probe once more, at once, at `una`: taken
+                    // in sequence, it finds the hole (a lost NAK or retransmission leaves
+                    // the responder silent); a duplicate again, they were only late.
+                    self.probe_chained = true;
+                    self.stats.probes += 1;
+                    self.req.seek(una);
+                    self.probe_rd = self
+                        .req
+                        .sq
+                        .get(self.req.idx)
+                        .is_some_and(|e| e.is_rd_atomic());
+                    self.req.probe = Probe::Due;
+                } else {
+                    let resume = if self.probe_resume.before(una) {
+                        una
+                    } else {
+                        self.probe_resume
+                    };
+                    self.req.seek(resume);
+                }
+            }
+        }
     }
 
     /// The next packet to send, written into `buf` (BTH to ICRC; the ICRC field is left for the

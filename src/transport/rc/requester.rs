@@ -157,8 +157,9 @@ pub(crate) struct Requester {
     cwnd_acked: u32,
     /// Losses of PSNs before this one belong to the episode that already shrank the window.
     recover: Psn,
-    /// A tail-loss probe in progress.
+    /// A tail-loss probe in progress, and the PSN of the last one sent.
     pub probe: Probe,
+    pub last_probe: Psn,
     /// The last packet built: its PSN, whether it carried AckReq, whether it was sent before.
     pub last_psn: Psn,
     pub last_ack_req: bool,
@@ -444,6 +445,7 @@ impl Requester {
         self.last_again = psn.before(self.sent_max);
         if self.probe == Probe::Due {
             self.probe = Probe::Sent;
+            self.last_probe = psn;
         }
         self.next_psn = psn.add(consumed);
         if self.next_psn.after(self.sent_max) {
