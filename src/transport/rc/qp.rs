@@ -279,7 +279,9 @@ impl RcQp {
             None => PROBE_INITIAL,
         }
         .max(PROBE_FLOOR);
-        let pto = base.checked_mul(1 << self.probes_in_row.min(16))?;
+        // The second probe comes as soon as the first (a copy of the last packet, which a
+        // responder that sent its NAK ignores); later ones back off.
+        let pto = base.checked_mul(1 << self.probes_in_row.saturating_sub(1).min(16))?;
         (pto < ack).then_some(pto)
     }
 
@@ -739,9 +741,15 @@ impl RcQp {
     /// Tail-loss probe: nothing answered for a few round trips. When the last packets of a
     /// burst are lost, or the responder's one sequence NAK is, or the retransmission that
     /// answered it, nothing else would move before the local ACK timeout (perftest's is
-    /// 67 ms). Send the oldest unacknowledged packet again, with AckReq, and nothing more
-    /// until it is answered ([`RcQp::probe_answered`]). This consumes no retry: only the local
-    /// ACK timeout does.
+    /// 67 ms). This consumes no retry: only the local ACK timeout does.
+    ///
+    /// The first probe after progress is a copy of the last packet sent, with AckReq (as TCP's
+    /// tail-loss probe): if it arrived, the copy is a duplicate and the responder ACKs all it
+    /// holds; if it and packets before it were lost, the copy is out of sequence and draws the
+    /// responder's NAK, and the requester goes back as for any NAK. Either way nothing else
+    /// changes, so a probe that was not needed costs one packet. A responder that already sent
+    /// its one NAK stays silent (IBA C9-90), so the next probe is the oldest unacknowledged
+    /// packet itself, with nothing more sent until it is answered ([`RcQp::probe_answered`]).
     fn probe(&mut self, now: Instant) {
         if !self.req.outstanding()
             || self.req.rnr_paused
@@ -752,18 +760,28 @@ impl RcQp {
         self.stats.probes += 1;
         self.probes_in_row += 1;
         self.rtt_timed = None;
-        if self.req.probe == Probe::Off {
-            self.probe_resume = self.req.next_psn;
+        let last = self.req.next_psn.sub(1);
+        let copy_ok = self.req.probe == Probe::Off
+            && self.probes_in_row == 1
+            && !last.before(self.req.una)
+            && self
+                .req
+                .sq
+                .iter()
+                .find(|e| e.contains(last))
+                .is_some_and(|e| !e.is_rd_atomic());
+        if copy_ok {
+            self.req.probe = Probe::Last;
+        } else {
+            if self.req.probe != Probe::Sent && self.req.probe != Probe::Due {
+                self.probe_resume = self.req.next_psn;
+            }
+            self.probe_chained = false;
+            let una = self.req.una;
+            self.req.seek(una);
+            self.probe_rd = self.req.sq.get(self.req.idx).is_some_and(|e| e.is_rd_atomic());
+            self.req.probe = Probe::Due;
         }
-        self.probe_chained = false;
-        let una = self.req.una;
-        self.req.seek(una);
-        self.probe_rd = self
-            .req
-            .sq
-            .get(self.req.idx)
-            .is_some_and(|e| e.is_rd_atomic());
-        self.req.probe = Probe::Due;
         self.arm_probe(now);
     }
 
@@ -778,7 +796,16 @@ impl RcQp {
     fn probe_answered(&mut self) {
         match self.req.probe {
             Probe::Off => {}
-            Probe::Due => self.req.probe = Probe::Off,
+            Probe::Last => self.req.probe = Probe::Off,
+            Probe::Due => {
+                self.req.probe = Probe::Off;
+                let resume = if self.probe_resume.before(self.req.una) {
+                    self.req.una
+                } else {
+                    self.probe_resume
+                };
+                self.req.seek(resume);
+            }
             Probe::Sent => {
                 self.req.probe = Probe::Off;
                 let una = self.req.una;

@@ -21,6 +21,9 @@ pub(crate) enum Probe {
     /// Sending as the window allows.
     #[default]
     Off,
+    /// Send a copy of the last packet sent (the one before the cursor), with AckReq, and go
+    /// on where the cursor is.
+    Last,
     /// The cursor is at the oldest unacknowledged PSN: send that one packet, with AckReq.
     Due,
     /// The probe went out: send nothing more until a response (or a timer) moves things on.
@@ -160,6 +163,8 @@ pub(crate) struct Requester {
     /// A tail-loss probe in progress, and the PSN of the last one sent.
     pub probe: Probe,
     pub last_probe: Psn,
+    /// The packet being built asks for an ACK whatever its place.
+    force_ack: bool,
     /// The last packet built: its PSN, whether it carried AckReq, whether it was sent before.
     pub last_psn: Psn,
     pub last_ack_req: bool,
@@ -266,6 +271,30 @@ impl Requester {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
     ) -> Option<ReqEvent> {
+        if self.probe == Probe::Last && !self.rnr_paused {
+            self.probe = Probe::Off;
+            let saved = (self.idx, self.pkt, self.next_psn, self.noack_pkts);
+            let last = self.next_psn.sub(1);
+            if !last.before(self.una) {
+                self.seek(last);
+                self.force_ack = true;
+                let r = self.build(p, mem, buf);
+                self.force_ack = false;
+                (self.idx, self.pkt, self.next_psn, self.noack_pkts) = saved;
+                if r.is_some() {
+                    return r;
+                }
+            }
+        }
+        self.build(p, mem, buf)
+    }
+
+    fn build(
+        &mut self,
+        p: &ReqParams,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+    ) -> Option<ReqEvent> {
         if self.rnr_paused || self.probe == Probe::Sent {
             return None;
         }
@@ -364,8 +393,11 @@ impl Requester {
         let window_ack = !p.unreliable
             && w < MAX_UNACKED_PSNS
             && (psn.add(consumed).diff(self.una) >= w || self.noack_pkts + 1 >= w as u32 / 2);
-        bth.ack_req =
-            ends || self.noack_pkts > MAX_PKT_PER_ACK || self.probe == Probe::Due || window_ack;
+        bth.ack_req = ends
+            || self.noack_pkts > MAX_PKT_PER_ACK
+            || self.probe == Probe::Due
+            || self.force_ack
+            || window_ack;
         // The SE bit goes on the last packet of a SEND or RDMA WRITE with immediate (IBA 9.2.2).
         bth.solicited = ends
             && e.wqe.flags.solicited
