@@ -779,7 +779,11 @@ impl RcQp {
             self.probe_chained = false;
             let una = self.req.una;
             self.req.seek(una);
-            self.probe_rd = self.req.sq.get(self.req.idx).is_some_and(|e| e.is_rd_atomic());
+            self.probe_rd = self
+                .req
+                .sq
+                .get(self.req.idx)
+                .is_some_and(|e| e.is_rd_atomic());
             self.req.probe = Probe::Due;
         }
         self.arm_probe(now);

@@ -289,12 +289,7 @@ impl Requester {
         self.build(p, mem, buf)
     }
 
-    fn build(
-        &mut self,
-        p: &ReqParams,
-        mem: &dyn MemoryAccess,
-        buf: &mut [u8],
-    ) -> Option<ReqEvent> {
+    fn build(&mut self, p: &ReqParams, mem: &dyn MemoryAccess, buf: &mut [u8]) -> Option<ReqEvent> {
         if self.rnr_paused || self.probe == Probe::Sent {
             return None;
         }
