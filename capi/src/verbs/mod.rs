@@ -4,6 +4,7 @@ pub(crate) mod ah;
 mod async_event;
 pub(crate) mod context;
 pub(crate) mod cq;
+mod cq_ex;
 pub(crate) mod device;
 pub(crate) mod pd;
 pub(crate) mod qp;
