@@ -227,6 +227,36 @@ fn rping_ten_verified_pings() {
     }
 }
 
+/// `-q`: rping creates its QPs itself and moves them with `rdma_init_qp_attr`; the client gets
+/// CONNECT_RESPONSE and calls `rdma_establish`.
+#[test]
+fn rping_with_its_own_qps() {
+    if skip("rping") {
+        return;
+    }
+    let port = util::free_port().to_string();
+    let (s, c) = pair(
+        "rping",
+        &["-s", "-q", "-a", "127.0.0.1", "-p", &port, "-C", "5", "-V"],
+        "rping",
+        &[
+            "-c",
+            "-q",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            "5",
+            "-V",
+            "-v",
+        ],
+        true,
+    );
+    both_ok(&s, &c, &[]);
+    assert!(out(&c).contains("ping data: rdma-ping-4: "), "{}", text(&c));
+}
+
 /// The IPv6 wildcard takes an IPv4 peer, which may name itself IPv4-mapped.
 #[test]
 fn rping_ipv6_wildcard_server_ipv4_mapped_client() {

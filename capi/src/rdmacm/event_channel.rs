@@ -119,7 +119,10 @@ fn translate(ev: CmEvent) -> Result<Option<*mut rdma_cm_event>, i32> {
     // SAFETY: `idp` is a live id (just looked up or made).
     if let Some(i) = unsafe { Id::from_c(idp) } {
         match ev.event() {
-            EventType::AddrResolved | EventType::RouteResolved | EventType::Established => {
+            EventType::AddrResolved
+            | EventType::RouteResolved
+            | EventType::ConnectResponse
+            | EventType::Established => {
                 // SAFETY: a live id.
                 unsafe { id::refresh(idp, i) }
             }

@@ -4,6 +4,8 @@
 
 use std::ffi::c_char;
 
+use softrdma::verbs::{QpAttr, QpState};
+
 use super::fail;
 use super::id::get;
 use crate::abi::*;
@@ -127,11 +129,11 @@ pub unsafe extern "C" fn rdma_set_option(
     })
 }
 
-/// The attributes for moving a program's own QP to INIT, as the kernel computes them for the
-/// id: port 1, P_Key index 0, remote READ/WRITE access for a connected QP, rdma_cm's Q_Key for
-/// a UD one. RTR and RTS need the connection's parameters, which softrdma's connection manager
-/// applies to QPs it created itself (`rdma_create_qp`); for those states this fails with
-/// EOPNOTSUPP.
+/// The attributes that move a QP the program manages itself (no `rdma_create_qp`) for this
+/// id's connection, as the kernel computes them: INIT (port 1, P_Key index 0, remote READ/WRITE
+/// for a connected QP, rdma_cm's Q_Key for a UD one); RTR and RTS from what the connection
+/// settled: on the passive side from the CONNECT_REQUEST on, on the active side after
+/// CONNECT_RESPONSE (EINVAL before).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_init_qp_attr(
     id: *mut rdma_cm_id,
@@ -150,7 +152,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
         if i.c.verbs.is_null() {
             return fail(libc::EINVAL);
         }
-        match a.qp_state {
+        let state = match a.qp_state {
             IBV_QPS_INIT => {
                 a.pkey_index = 0;
                 a.port_num = 1;
@@ -162,24 +164,101 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
                     a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
                     m | IBV_QP_ACCESS_FLAGS
                 } as i32;
+                return 0;
+            }
+            IBV_QPS_RTR if i.c.qp_type != IBV_QPT_UD => QpState::Rtr,
+            IBV_QPS_RTS if i.c.qp_type != IBV_QPT_UD => QpState::Rts,
+            IBV_QPS_RTR | IBV_QPS_RTS => {
+                // UD: nothing but the state (and RTS's send PSN) changes.
+                *mask = IBV_QP_STATE as i32;
+                if a.qp_state == IBV_QPS_RTS {
+                    a.sq_psn = 0;
+                    *mask |= IBV_QP_SQ_PSN as i32;
+                }
+                return 0;
+            }
+            _ => return fail(libc::EINVAL),
+        };
+        match i.rust.init_qp_attr(state) {
+            Ok(r) => {
+                *mask = attr_to_c(&r, a) as i32;
                 0
             }
-            IBV_QPS_RTR | IBV_QPS_RTS => fail(libc::EOPNOTSUPP),
-            _ => fail(libc::EINVAL),
+            Err(e) => fail(e.errno()),
         }
     })
 }
 
-/// For a connection whose QP the program manages itself (CONNECT_RESPONSE): softrdma's
-/// connection manager needs the QP to be its own, so there is never such a connection to
-/// establish. With a QP, EINVAL, as librdmacm.
+/// Writes the fields `r` has into `a`; returns their `ibv_qp_attr_mask`.
+fn attr_to_c(r: &QpAttr, a: &mut ibv_qp_attr) -> u32 {
+    let mut m = 0;
+    if let Some(v) = r.qp_state {
+        a.qp_state = v as u32;
+        m |= IBV_QP_STATE;
+    }
+    if let Some(v) = r.path_mtu {
+        a.path_mtu = v as u32;
+        m |= IBV_QP_PATH_MTU;
+    }
+    if let Some(v) = r.dest_qp_num {
+        a.dest_qp_num = v;
+        m |= IBV_QP_DEST_QPN;
+    }
+    if let Some(v) = r.rq_psn {
+        a.rq_psn = v;
+        m |= IBV_QP_RQ_PSN;
+    }
+    if let Some(v) = r.max_dest_rd_atomic {
+        a.max_dest_rd_atomic = v;
+        m |= IBV_QP_MAX_DEST_RD_ATOMIC;
+    }
+    if let Some(v) = r.min_rnr_timer {
+        a.min_rnr_timer = v;
+        m |= IBV_QP_MIN_RNR_TIMER;
+    }
+    if let Some(v) = r.qp_access_flags {
+        a.qp_access_flags = v.bits();
+        m |= IBV_QP_ACCESS_FLAGS;
+    }
+    if let Some(v) = &r.ah_attr {
+        crate::verbs::ah::ah_attr_to_c(v, &mut a.ah_attr);
+        m |= IBV_QP_AV;
+    }
+    if let Some(v) = r.sq_psn {
+        a.sq_psn = v;
+        m |= IBV_QP_SQ_PSN;
+    }
+    if let Some(v) = r.timeout {
+        a.timeout = v;
+        m |= IBV_QP_TIMEOUT;
+    }
+    if let Some(v) = r.retry_cnt {
+        a.retry_cnt = v;
+        m |= IBV_QP_RETRY_CNT;
+    }
+    if let Some(v) = r.rnr_retry {
+        a.rnr_retry = v;
+        m |= IBV_QP_RNR_RETRY;
+    }
+    if let Some(v) = r.max_rd_atomic {
+        a.max_rd_atomic = v;
+        m |= IBV_QP_MAX_QP_RD_ATOMIC;
+    }
+    m
+}
+
+/// After CONNECT_RESPONSE, for a connection whose QP the program manages itself (and has
+/// moved to RTS). With a QP from `rdma_create_qp`, EINVAL, as librdmacm.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> i32 {
     guard(-1, || {
         // SAFETY: checked handle.
         match unsafe { get(id) } {
             Ok(i) if !i.c.qp.is_null() => fail(libc::EINVAL),
-            Ok(_) => fail(libc::EOPNOTSUPP),
+            Ok(i) => match i.rust.establish() {
+                Ok(()) => 0,
+                Err(e) => fail(e.errno()),
+            },
             Err(e) => fail(e),
         }
     })

@@ -290,7 +290,8 @@ static void test_reject_and_nonblocking(struct rdma_event_channel *ch, int port)
 	struct rdma_cm_event *ev;
 	struct ibv_qp_init_attr qa = {};
 	struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
-	int fl;
+	struct ibv_qp_attr attr = {};
+	int fl, mask;
 
 	CHECK(rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP) == 0, "create");
 	CHECK(rdma_bind_addr(listen, (struct sockaddr *)&a) == 0, "bind");
@@ -314,7 +315,16 @@ static void test_reject_and_nonblocking(struct rdma_event_channel *ch, int port)
 	qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
 	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
 	qa.qp_type = IBV_QPT_RC;
+	attr.qp_state = IBV_QPS_RTR;
+	errno = 0;
+	CHECK(rdma_init_qp_attr(client, &attr, &mask) == -1 && errno == EINVAL,
+	      "RTR attributes before the connection");
+	attr.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(client, &attr, &mask) == 0 && attr.port_num == 1 &&
+	      (mask & IBV_QP_ACCESS_FLAGS), "INIT attributes");
 	CHECK(rdma_create_qp(client, NULL, &qa) == 0, "qp");
+	errno = 0;
+	CHECK(rdma_establish(client) == -1 && errno == EINVAL, "establish with a QP");
 	CHECK(rdma_connect(client, NULL) == 0, "connect without parameters");
 	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
 	child = ev->id;
