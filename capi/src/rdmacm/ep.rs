@@ -60,6 +60,13 @@ unsafe fn create_ep(
                 return Err(errno());
             }
         }
+        if !res.ai_connect.is_null() && res.ai_connect_len > 0 {
+            // SAFETY: the caller's `ai_connect_len` bytes.
+            let data = unsafe {
+                std::slice::from_raw_parts(res.ai_connect as *const u8, res.ai_connect_len)
+            };
+            i.extra().connect = data.to_vec();
+        }
         Ok(())
     })();
     match r {

@@ -28,6 +28,8 @@ pub(crate) struct Extra {
     pub path: Option<Box<ibv_sa_path_rec>>,
     /// RDMA_OPTION_ID_TOS.
     pub tos: u8,
+    /// `rdma_create_ep`'s `ai_connect`: private data the next `rdma_connect` sends first.
+    pub connect: Vec<u8>,
 }
 
 #[repr(C)]
@@ -95,6 +97,7 @@ fn make(
             qp_init_attr: None,
             path: None,
             tos: 0,
+            connect: Vec::new(),
         }),
     }
     .into_c();
@@ -483,7 +486,11 @@ pub unsafe extern "C" fn rdma_connect(
 ) -> i32 {
     with_id(id, |i| {
         // SAFETY: the caller's parameters or NULL.
-        let param = unsafe { to_conn_param(i, conn_param) }?;
+        let mut param = unsafe { to_conn_param(i, conn_param) }?;
+        let prefix = std::mem::take(&mut i.extra().connect);
+        if !prefix.is_empty() {
+            param.private_data.splice(0..0, prefix);
+        }
         i.rust.connect(&param).map_err(|e| e.errno())?;
         // SAFETY: a live id.
         Ok(unsafe { complete(id, i) })
