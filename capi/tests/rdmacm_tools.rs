@@ -35,9 +35,13 @@ fn refused(o: &Output) -> bool {
 
 /// One server/client pair at a time: the programs poll, and a 2-core machine running several
 /// pairs at once only makes each slower.
+/// Where it may (root), the pair also gets a network namespace of its own (see
+/// `util::private_netns`), so other processes using the host's devices cannot disturb it.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    M.lock().unwrap_or_else(|e| e.into_inner())
+    let g = M.lock().unwrap_or_else(|e| e.into_inner());
+    util::private_netns();
+    g
 }
 
 /// Starts `server`, then runs the client (again while it is refused) and returns both
