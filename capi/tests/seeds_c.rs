@@ -36,12 +36,20 @@ fn kill(child: &Child) {
 
 /// Starts `server`, then `client` until it finds the server listening; waits for both and
 /// checks that each exited 0 and printed every line in its `want`.
+///
+/// One pair at a time (the plain-verbs programs poll their CQs, and a 2-core machine running
+/// several pairs only makes each slower), and, where it may (root), in a network namespace of
+/// its own (`util::private_netns`: only `lo`, so the first device is the loopback one), so
+/// that other processes joining and leaving the host's shared devices cannot disturb it.
 fn pair(
     server: (&Path, &[&str]),
     server_want: &[&str],
     client: (&Path, &[&str]),
     client_want: &[&str],
 ) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    util::private_netns();
     let name = server.0.file_name().unwrap().to_string_lossy().to_string();
     let mut srv = start(server.0, server.1);
     let began = Instant::now();
