@@ -108,26 +108,22 @@ impl CmaCore {
             .map(|shared| Context { shared })
     }
 
-    /// A packet to QP1 from `src_ip`.
-    pub fn on_gsi_packet(&mut self, now: Instant, src_ip: Ipv4Addr, pkt: &Packet<'_>) {
-        self.cm.handle_gsi_packet(now, gid_from_ipv4(src_ip), pkt);
+    /// A packet to QP1 from the host with GID `src`.
+    pub fn on_gsi_packet(&mut self, now: Instant, src: [u8; 16], pkt: &Packet<'_>) {
+        self.cm.handle_gsi_packet(now, src, pkt);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.cm.poll_timeout()
     }
 
-    /// The next MAD to send as a GSI packet (BTH to ICRC, ICRC to fill) and its destination.
-    pub fn poll_transmit(&mut self) -> Option<(Ipv4Addr, Vec<u8>)> {
-        loop {
-            let (dest, mad) = self.cm.poll_transmit()?;
-            let Some(ip) = ipv4_from_gid(&dest.gid) else {
-                continue;
-            };
-            let psn = self.psn;
-            self.psn = (self.psn + 1) & 0x00ff_ffff;
-            return Some((ip, crate::cm::manager::gsi_packet(&dest, &mad, psn)));
-        }
+    /// The next MAD to send as a GSI packet (BTH to ICRC, ICRC to fill) and its destination
+    /// GID.
+    pub fn poll_transmit(&mut self) -> Option<([u8; 16], Vec<u8>)> {
+        let (dest, mad) = self.cm.poll_transmit()?;
+        let psn = self.psn;
+        self.psn = (self.psn + 1) & 0x00ff_ffff;
+        Some((dest.gid, crate::cm::manager::gsi_packet(&dest, &mad, psn)))
     }
 
     pub fn add_listener(

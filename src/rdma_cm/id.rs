@@ -905,8 +905,8 @@ impl Context {
         let mut e = s.lock_engine_for_verb()?;
         let now = Instant::now();
         let r = e.with_cma(now, f);
-        e.flush_cma(&s.io, s.addr, now);
-        e.flush_dirty(&s.io, &s.mrs, &s.async_events, s.addr, now);
+        e.flush_cma(&s.io, now);
+        e.flush_dirty(&s.io, &s.mrs, &s.async_events, now);
         s.kick_if_earlier(e.next_deadline());
         Ok(r)
     }
