@@ -100,6 +100,7 @@ pub(crate) fn wrap(rust: Context, dev: &'static Dev) -> *mut ibv_context {
     vctx.query_port = Some(query_port_ex);
     vctx.query_device_ex = Some(query_device_ex);
     vctx.create_qp_ex = Some(super::qp::create_qp_ex);
+    vctx.create_cq_ex = Some(super::cq_ex::create_cq_ex);
     let c = &mut vctx.context;
     c.device = &dev.ibv as *const ibv_device as *mut ibv_device;
     c.cmd_fd = -1;

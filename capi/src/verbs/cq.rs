@@ -9,16 +9,20 @@ use super::context::Ctx;
 use crate::abi::*;
 use crate::handle::{fail_null, guard, set_errno, Handle, Kind};
 
+/// Every CQ is an extended CQ (`struct ibv_cq_ex` starts with the fields of `struct ibv_cq`),
+/// so `ibv_cq_ex_to_cq` and the polling callbacks work on any of them.
 #[repr(C)]
 pub(crate) struct Cq {
-    pub ibv: ibv_cq,
+    pub ibv: ibv_cq_ex,
     pub rust: CompletionQueue,
     /// QPs (and SRQs) using this CQ: a CQ in use cannot be destroyed (EBUSY).
     pub users: AtomicUsize,
+    /// The completion the extended polling API (`ibv_start_poll`...) is on.
+    pub current: std::sync::Mutex<Option<WorkCompletion>>,
 }
 
 impl Handle for Cq {
-    type C = ibv_cq;
+    type C = ibv_cq_ex;
     const KIND: Kind = Kind::Cq;
 }
 
@@ -94,42 +98,56 @@ pub unsafe extern "C" fn ibv_create_cq(
                 None => return fail_null(libc::EINVAL),
             }
         };
-        if cqe <= 0 {
-            return fail_null(libc::EINVAL);
-        }
-        match ctx.rust.create_cq(cqe as u32, ch.map(|c| &c.rust)) {
-            Ok(rust) => {
-                // SAFETY: ibv_cq is C data (pointers, integers, a pthread mutex and condition
-                // variable), all valid as all-zero (the pthread static initialisers).
-                let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
-                ibv.context = ctx.ibv();
-                ibv.channel = channel;
-                ibv.cq_context = cq_context;
-                ibv.handle = rust.id();
-                ibv.cqe = rust.capacity() as i32;
-                let id = rust.id();
-                let p = Cq {
-                    ibv,
-                    rust,
-                    users: AtomicUsize::new(0),
-                }
-                .into_c();
-                ctx.remember_cq(id, p as usize);
-                if let Some(c) = channel.as_mut() {
-                    c.refcnt += 1;
-                }
-                p
-            }
-            Err(e) => fail_null(e.errno()),
-        }
+        new_cq(ctx, cqe, cq_context, channel, ch.map(|c| &c.rust)).cast()
     })
+}
+
+/// Creates a CQ (plain or extended: every CQ carries the extended polling callbacks).
+pub(crate) fn new_cq(
+    ctx: &Ctx,
+    cqe: i32,
+    cq_context: *mut libc::c_void,
+    channel: *mut ibv_comp_channel,
+    ch: Option<&CompletionChannel>,
+) -> *mut ibv_cq_ex {
+    if cqe <= 0 {
+        return fail_null(libc::EINVAL);
+    }
+    match ctx.rust.create_cq(cqe as u32, ch) {
+        Ok(rust) => {
+            // SAFETY: ibv_cq_ex is C data (pointers, integers, pthread objects, NULL-able
+            // function pointers), all valid as all-zero (the pthread static initialisers).
+            let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
+            ibv.context = ctx.ibv();
+            ibv.channel = channel;
+            ibv.cq_context = cq_context;
+            ibv.handle = rust.id();
+            ibv.cqe = rust.capacity() as i32;
+            super::cq_ex::fill_ops(&mut ibv);
+            let id = rust.id();
+            let p = Cq {
+                ibv,
+                rust,
+                users: AtomicUsize::new(0),
+                current: std::sync::Mutex::new(None),
+            }
+            .into_c();
+            ctx.remember_cq(id, p as usize);
+            // SAFETY: a channel handle checked by the caller, or NULL.
+            if let Some(c) = unsafe { channel.as_mut() } {
+                c.refcnt += 1;
+            }
+            p.cast()
+        }
+        Err(e) => fail_null(e.errno()),
+    }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> i32 {
     guard(libc::EIO, || {
         // SAFETY: checked handle.
-        let Some(c) = (unsafe { Cq::from_c(cq) }) else {
+        let Some(c) = (unsafe { Cq::from_c(cq.cast()) }) else {
             return libc::EINVAL;
         };
         if c.users.load(Ordering::Acquire) > 0 {
@@ -148,7 +166,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> i32 {
             }
         }
         // SAFETY: checked handle; the program destroys it, so no other thread uses it.
-        let Some(c) = (unsafe { Cq::take(cq) }) else {
+        let Some(c) = (unsafe { Cq::take(cq.cast()) }) else {
             return libc::EINVAL;
         };
         if let Some(ctx) = unsafe { Ctx::from_ibv(c.ibv.context) } {
@@ -163,7 +181,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> i32 {
 }
 
 /// Converts a completion to `struct ibv_wc`.
-fn to_wc(c: &WorkCompletion, out: &mut ibv_wc) {
+pub(crate) fn to_wc(c: &WorkCompletion, out: &mut ibv_wc) {
     out.wr_id = c.wr_id;
     out.status = c.status as u32;
     out.opcode = c.opcode as u32;
@@ -194,7 +212,7 @@ fn to_wc(c: &WorkCompletion, out: &mut ibv_wc) {
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: i32, wc: *mut ibv_wc) -> i32 {
     guard(-1, || {
         // SAFETY: a handle the program got from ibv_create_cq (the hot path is unchecked).
-        let Some(c) = (unsafe { Cq::from_c_unchecked(cq) }) else {
+        let Some(c) = (unsafe { Cq::from_c_unchecked(cq.cast()) }) else {
             return -1;
         };
         if num_entries <= 0 {
@@ -230,7 +248,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: i32, wc: *
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: i32) -> i32 {
     guard(libc::EIO, || {
         // SAFETY: a handle the program got from ibv_create_cq.
-        let Some(c) = (unsafe { Cq::from_c_unchecked(cq) }) else {
+        let Some(c) = (unsafe { Cq::from_c_unchecked(cq.cast()) }) else {
             return libc::EINVAL;
         };
         if c.ibv.channel.is_null() {
@@ -295,7 +313,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     guard((), || {
         // SAFETY: checked handle.
-        if let Some(c) = unsafe { Cq::from_c(cq) } {
+        if let Some(c) = unsafe { Cq::from_c(cq.cast()) } {
             c.rust.ack_events(nevents);
         }
     })
@@ -305,7 +323,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, _cqe: i32) -> i32 {
     // SAFETY: checked handle.
-    if unsafe { Cq::from_c(cq) }.is_none() {
+    if unsafe { Cq::from_c(cq.cast()) }.is_none() {
         return libc::EINVAL;
     }
     libc::EOPNOTSUPP

@@ -4,6 +4,7 @@ mod ah;
 mod async_event;
 mod context;
 mod cq;
+mod cq_ex;
 mod device;
 mod pd;
 mod qp;

@@ -59,8 +59,8 @@ fn create(
     // SAFETY: checked handles.
     let (Some(p), Some(scq), Some(rcq)) = (
         unsafe { Pd::from_c(pd) },
-        unsafe { Cq::from_c(send_cq) },
-        unsafe { Cq::from_c(recv_cq) },
+        unsafe { Cq::from_c(send_cq.cast()) },
+        unsafe { Cq::from_c(recv_cq.cast()) },
     ) else {
         return fail_null(libc::EINVAL);
     };
@@ -546,7 +546,9 @@ pub(crate) unsafe fn post_recv_list(
         }
     };
     if let Err(e) = post(&wrs) {
-        set_bad(nodes[e.bad_wr().unwrap_or(0).min(nodes.len().saturating_sub(1))]);
+        if let Some(n) = nodes.get(e.bad_wr().unwrap_or(0)).or(nodes.first()) {
+            set_bad(*n);
+        }
         return e.errno();
     }
     match failed {

@@ -100,7 +100,9 @@ pub fn compile_c(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let exe = dir.join(name);
     let o = Command::new("cc")
-        .args(["-O1", "-Wall", "-o"])
+        .args(["-O1", "-Wall", "-I"])
+        .arg(src.parent().expect("tests/c"))
+        .arg("-o")
         .arg(&exe)
         .arg(&src)
         .args(["-libverbs", "-lrdmacm", "-lpthread"])
