@@ -374,7 +374,8 @@ impl Engine {
         if qpn == GSI_QPN {
             // GSI: connection management MADs go to the rdma_cm core, never to an app QP.
             self.stats.rx_gsi += 1;
-            self.cma.on_gsi_packet(now, gid_from_ip(from.ip()), &pkt);
+            self.cma
+                .on_gsi_packet(now, gid_from_ip(from.ip()), gid_from_ip(local.ip()), &pkt);
             self.cma_pending = true;
             return;
         }
@@ -527,12 +528,14 @@ impl Engine {
             stats: &mut self.stats,
             batch: &mut self.tx,
         };
-        while let Some((dst, pkt)) = self.cma.poll_transmit() {
-            let Some(buf) = out.buf().get_mut(..pkt.len()) else {
+        while let Some(g) = self.cma.poll_transmit() {
+            let Some(buf) = out.buf().get_mut(..g.packet.len()) else {
                 continue;
             };
-            buf.copy_from_slice(&pkt);
-            out.commit(pkt.len(), io.gids.route_gid(&dst, 1));
+            buf.copy_from_slice(&g.packet);
+            // From the address the peer talks to, else the first of its family.
+            let sgid = g.from.and_then(|f| io.gids.index_of(&f)).unwrap_or(0);
+            out.commit(g.packet.len(), io.gids.route_gid(&g.to, sgid as u8));
         }
         out.flush();
     }

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -98,9 +98,7 @@ impl Io {
 
     /// Bind every address of `want` (`(address, required)`), shared where a registry can be
     /// had. Fails if a required one fails, or if none could be bound.
-    fn bind_all(
-        want: &[(SocketAddr, bool)],
-    ) -> io::Result<(Vec<Bound>, u8)> {
+    fn bind_all(want: &[(SocketAddr, bool)]) -> io::Result<(Vec<Bound>, u8)> {
         let mut pending = Vec::new();
         for &(at, required) in want {
             let reg = Share::open_registry(at).ok();
@@ -192,13 +190,20 @@ impl Io {
     }
 
     /// Steer REQs and SIDR_REQs for rdma_cm `port` to this endpoint (`listening`) or stop, on
-    /// every address. `AddrInUse`: another process listens on it.
-    pub fn set_listening(&self, port: u16, listening: bool) -> io::Result<()> {
-        for (k, s) in self.socks.iter().enumerate() {
+    /// the addresses an id bound to `bound` listens on: `::` every address, `0.0.0.0` the IPv4
+    /// one, an address itself. `AddrInUse`: another process listens on it there.
+    pub fn set_listening(&self, port: u16, listening: bool, bound: IpAddr) -> io::Result<()> {
+        let covers = |local: IpAddr| match bound {
+            IpAddr::V6(a) if a.is_unspecified() => true,
+            IpAddr::V4(a) if a.is_unspecified() => local.is_ipv4(),
+            a => a == local,
+        };
+        let socks: Vec<&Sock> = self.socks.iter().filter(|s| covers(s.local.ip())).collect();
+        for (k, s) in socks.iter().enumerate() {
             let Some(share) = &s.share else { continue };
             if let Err(e) = share.set_port(s.socket.as_raw_fd(), port, listening) {
                 if listening {
-                    for s in &self.socks[..k] {
+                    for s in &socks[..k] {
                         if let Some(share) = &s.share {
                             let _ = share.set_port(s.socket.as_raw_fd(), port, false);
                         }
