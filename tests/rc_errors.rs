@@ -451,8 +451,12 @@ fn peer_gone_is_retry_exceeded() {
         statuses(&s.ends[0].take(CqSide::Send)),
         vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
     );
-    // Each packet went out once and was retried retry_cnt times.
-    assert_eq!(s.link.stats.sent, 2 * 4);
+    // Each packet went out once and was retried retry_cnt times, by the local ACK timeout;
+    // the tail-loss probes (one packet each, before a timeout) consumed no retry.
+    let st = s.ends[0].qp.stats();
+    assert_eq!(st.timeouts, 3);
+    assert!(st.probes >= 1, "{st:?}");
+    assert_eq!(s.link.stats.sent, 2 * 4 + st.probes);
     // 4 timeouts of 4.096 µs × 2^12 each.
     let to = std::time::Duration::from_nanos(4096 << 12);
     assert!(

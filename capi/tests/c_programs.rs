@@ -12,6 +12,7 @@ fn run_checks(name: &str, min: u32) {
     if !have_headers() {
         return;
     }
+    util::private_netns();
     let exe = compile_c(name);
     let o = wait(
         run(exe.to_str().unwrap(), &[]).spawn().unwrap(),

@@ -66,6 +66,12 @@ fn ibv_devinfo_shows_an_active_roce_port() {
 /// Runs `prog` as server and client (`extra` for both) and checks both report `iters`
 /// exchanges.
 fn pingpong(prog: &str, extra: &[&str], iters: u32) {
+    // The tools have no timeouts, and UC and UD lose a message for good if a datagram is lost,
+    // which a shared device can do while other processes join and leave it: the pair gets a
+    // network namespace of its own where it can, and pairs run one at a time otherwise.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one =
+        (!util::private_netns()).then(|| ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()));
     if !have(prog) {
         eprintln!("skipped: {prog} is not installed");
         return;

@@ -210,7 +210,14 @@ impl Engine {
     }
 
     pub fn remove_qp(&mut self, qpn: u32) {
-        self.qps.remove(&qpn);
+        if let Some(slot) = self.qps.remove(&qpn) {
+            // SOFTRDMA_RC_STATS=1: an RC QP's loss-recovery counters on stderr when it goes.
+            if let QpTransport::Rc(q) = &slot.qp {
+                if std::env::var_os("SOFTRDMA_RC_STATS").is_some() {
+                    eprintln!("softrdma: QP {qpn:#x}: {:?}", q.stats());
+                }
+            }
+        }
     }
 
     pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut QpSlot> {

@@ -11,7 +11,7 @@ pub mod uc;
 pub mod ud;
 
 pub use memory::{MemError, MemoryAccess};
-pub use rc::{PostError, QpError, RcQp, MAX_MSG_LEN};
+pub use rc::{PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
 pub use srq::{Srq, SrqError};
 pub use types::*;
 pub use uc::{UcDrops, UcQp};

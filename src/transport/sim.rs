@@ -292,6 +292,13 @@ pub struct LinkConfig {
     /// One-way delay.
     pub delay: Duration,
     pub reorder_delay: Duration,
+    /// Bandwidth of each direction in bytes per second (`None`: infinite). Packets leave one
+    /// after another: a packet's arrival is its departure from the end of the queue of that
+    /// direction, after [`LinkConfig::overhead`] + its length at this rate, plus `delay`.
+    pub rate: Option<u64>,
+    /// Bytes each packet costs on the wire besides its RoCE bytes (Ethernet, IPv4 and UDP
+    /// headers, FCS, preamble and gap: 14 + 20 + 8 + 4 + 20).
+    pub overhead: u32,
 }
 
 impl Default for LinkConfig {
@@ -302,6 +309,8 @@ impl Default for LinkConfig {
             reorder: 0.0,
             delay: Duration::from_micros(5),
             reorder_delay: Duration::from_micros(50),
+            rate: None,
+            overhead: 66,
         }
     }
 }
@@ -313,6 +322,17 @@ impl LinkConfig {
             loss,
             dup,
             reorder,
+            ..Self::default()
+        }
+    }
+
+    /// A link of `rate` bytes per second each way and `delay` one way, dropping `loss` of the
+    /// packets each way (no duplication, no reordering): a modelled Ethernet path under netem.
+    pub fn path(rate: u64, delay: Duration, loss: f64) -> Self {
+        LinkConfig {
+            loss,
+            delay,
+            rate: Some(rate),
             ..Self::default()
         }
     }
@@ -348,6 +368,8 @@ pub struct Link {
     pub blackhole: [bool; 2],
     /// Extra per-packet drop decision for targeted tests.
     pub filter: Option<DropFilter>,
+    /// When each direction (toward side `i`) has finished sending what it was given.
+    busy_until: [Option<Instant>; 2],
 }
 
 impl Link {
@@ -360,11 +382,20 @@ impl Link {
             stats: LinkStats::default(),
             blackhole: [false; 2],
             filter: None,
+            busy_until: [None; 2],
         }
     }
 
     fn enqueue(&mut self, now: Instant, to: usize, data: &[u8]) {
-        let mut at = now + self.cfg.delay;
+        let mut at = now;
+        if let Some(rate) = self.cfg.rate {
+            let start = self.busy_until[to].map_or(now, |b| b.max(now));
+            let bytes = (data.len() as u64 + self.cfg.overhead as u64) as u128;
+            let done = start + Duration::from_nanos((bytes * 1_000_000_000 / rate as u128) as u64);
+            self.busy_until[to] = Some(done);
+            at = done;
+        }
+        at += self.cfg.delay;
         if self.rng.chance(self.cfg.reorder) {
             let extra = self
                 .rng
@@ -762,4 +793,151 @@ pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
     let mut v = vec![0; n];
     r.fill(&mut v);
     v
+}
+
+// ---------------------------------------------------------------------------------------------
+// A stream of WRITEs, as perftest's ib_write_bw runs it
+
+/// What [`write_stream`] measured.
+#[derive(Clone, Debug)]
+pub struct StreamReport {
+    /// WRITEs completed (all successfully, in order, or the run panics).
+    pub messages: u64,
+    /// Simulated time from the first post to the last completion.
+    pub elapsed: Duration,
+    /// Simulated time during which nothing was on the link and a QP timer was awaited.
+    pub idle: Duration,
+    /// The sender's and the receiver's counters.
+    pub sender: crate::transport::RcStats,
+    pub receiver: crate::transport::RcStats,
+    pub link: LinkStats,
+    /// The sender's QP state at the end.
+    pub state: QpState,
+}
+
+impl StreamReport {
+    /// Payload bytes per simulated second, in MB/s (10^6).
+    pub fn mbps(&self, msg_len: usize) -> f64 {
+        self.messages as f64 * msg_len as f64 / self.elapsed.as_secs_f64() / 1e6
+    }
+}
+
+/// Parameters of [`write_stream`].
+#[derive(Clone, Copy, Debug)]
+pub struct StreamOpts {
+    pub msg_len: usize,
+    pub messages: u64,
+    /// WRITEs outstanding (perftest's `--tx-depth`, 128 by default).
+    pub depth: u32,
+    pub mtu: Mtu,
+    /// Local ACK timeout exponent (perftest: 14, 67 ms) and retry count (7).
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    /// Each WRITE goes to its own slot of the receiver's memory with its own data, and all
+    /// of it is compared at the end (costs memory: `messages * msg_len` on each side).
+    pub verify: bool,
+}
+
+impl Default for StreamOpts {
+    fn default() -> Self {
+        StreamOpts {
+            msg_len: 64 << 10,
+            messages: 500,
+            depth: 128,
+            mtu: Mtu::Mtu4096,
+            timeout: 14,
+            retry_cnt: 7,
+            verify: false,
+        }
+    }
+}
+
+/// Side 0 WRITEs `o.messages` messages of `o.msg_len` bytes to side 1, keeping `o.depth`
+/// outstanding, over a link configured by `cfg` (seeded by `seed`), until the last completes
+/// or `max_steps` pass. Panics if a completion fails or comes out of order, or (with
+/// `o.verify`) if the receiver's memory is not exactly what was written.
+pub fn write_stream(seed: u64, cfg: LinkConfig, o: StreamOpts, max_steps: u64) -> StreamReport {
+    let caps = QpCaps {
+        max_send_wr: o.depth.max(1),
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    };
+    let mut s = Sim::new(seed, cfg, caps);
+    s.connect(ConnectOpts {
+        mtu: o.mtu,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        ..Default::default()
+    });
+    let slots = if o.verify { o.messages as usize } else { 1 };
+    let all = AccessFlags(0xf);
+    let src = s.ends[0].mem.register(slots * o.msg_len, all);
+    let dst = s.ends[1].mem.register(slots * o.msg_len, all);
+    if o.verify {
+        for i in 0..slots {
+            let d = pattern(seed ^ (i as u64) << 20, o.msg_len);
+            s.ends[0].mem.write(src.addr + (i * o.msg_len) as u64, &d);
+        }
+    }
+    let wr = |i: u64| {
+        let off = if o.verify { i * o.msg_len as u64 } else { 0 };
+        send_wr(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: dst.addr + off,
+                rkey: dst.rkey,
+            },
+            vec![src.sge(off, o.msg_len as u32)],
+        )
+    };
+    let mut posted = 0u64;
+    let mut done = 0u64;
+    while posted < o.messages && posted < o.depth as u64 {
+        s.ends[0].qp.post_send(wr(posted)).expect("post");
+        posted += 1;
+    }
+    let mut idle = Duration::ZERO;
+    let mut end = s.now;
+    for _ in 0..max_steps {
+        if done == o.messages {
+            break;
+        }
+        let before = s.now;
+        let empty = s.link.in_flight() == 0;
+        let more = s.step();
+        if s.now > before && empty {
+            idle += s.now - before;
+        }
+        for c in s.ends[0].completions.drain(..) {
+            assert_eq!(c.status, WcStatus::Success, "seed {seed}: {c:?}");
+            assert_eq!(c.wr_id, done, "seed {seed}: completion order");
+            done += 1;
+            end = s.now;
+        }
+        while posted < o.messages && posted - done < o.depth as u64 {
+            s.ends[0].qp.post_send(wr(posted)).expect("post");
+            posted += 1;
+        }
+        if !more && done < o.messages {
+            break;
+        }
+    }
+    if o.verify && done == o.messages {
+        for i in 0..slots {
+            let d = pattern(seed ^ (i as u64) << 20, o.msg_len);
+            let got = s.ends[1]
+                .mem
+                .read(dst.addr + (i * o.msg_len) as u64, o.msg_len);
+            assert!(got == d, "seed {seed}: WRITE {i} did not land intact");
+        }
+    }
+    StreamReport {
+        messages: done,
+        elapsed: end - s.base,
+        idle,
+        sender: s.ends[0].qp.stats(),
+        receiver: s.ends[1].qp.stats(),
+        link: s.link.stats,
+        state: s.ends[0].qp.state(),
+    }
 }

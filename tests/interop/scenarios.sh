@@ -316,3 +316,27 @@ capi_pair uc-pingpong \
   'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -g 1 -n 100 -s 4096 $GUEST_IP' \
   'ibv_uc_pingpong -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096 $HOST_IP' \
   '^819200 bytes in [0-9.]+ seconds'
+
+# --- RC under loss: 2% of the packets dropped each way (last: they change the link). -------------
+# The guest drops 2% of what it sends (netem on eth0); the host drops 2% of what it sends to the
+# guest (an nftables netdev egress rule on tap0; needs nft on the host, else SKIP). softrdma's
+# requester against the kernel's responder (go-back on its one NAK per sequence error, probes
+# when that NAK, a retransmission or the tail is lost), and the kernel's requester against
+# softrdma's responder; every WRITE must complete (perftest's result line on both sides).
+LOSS_ON='{ nft delete table netdev loss 2>/dev/null; echo "table netdev loss { chain out { type filter hook egress device tap0 priority 0; meta protocol ip numgen random mod 100 < 2 drop; }; }" | nft -f -; }'
+LOSS_OFF='nft delete table netdev loss'
+loss_line="^ *65536 +300 +[0-9.]+ +[0-9.]+[[:space:]]+[0-9.]+"
+scenario perftest-write-loss2-kernel-server role=host-client needs="perftest /usr/sbin/nft" timeout=110 \
+  desc="2% loss each way: kernel ib_write_bw server, softrdma perftest write client" \
+  guest='/usr/sbin/tc qdisc add dev eth0 root netem loss 2% || exit 3
+         ib_write_bw -d rxe0 -x 1 -F -n 300 -s 65536 & srv=$!
+         wait_listen 18515 && ready && wait $srv; rc=$?; /usr/sbin/tc qdisc del dev eth0 root; exit $rc' \
+  host="$LOSS_ON"' || exit 3; "$EX/perftest" write -x 1 -F -n 300 -s 65536 $GUEST_IP; rc=$?; '"$LOSS_OFF"'; exit $rc' \
+  expect_guest="$loss_line" expect_host="$loss_line"
+scenario perftest-write-loss2-host-server role=host-server needs="perftest /usr/sbin/nft" timeout=110 \
+  desc="2% loss each way: softrdma perftest write server, kernel ib_write_bw client" \
+  host="$LOSS_ON"' || exit 3; "$EX/perftest" write -x 1 -F -n 300 -s 65536; rc=$?; '"$LOSS_OFF"'; exit $rc' \
+  host_ready='host_listening 18515' \
+  guest='/usr/sbin/tc qdisc add dev eth0 root netem loss 2% || exit 3
+         ib_write_bw -d rxe0 -x 1 -F -n 300 -s 65536 $HOST_IP; rc=$?; /usr/sbin/tc qdisc del dev eth0 root; exit $rc' \
+  expect_guest="$loss_line" expect_host="$loss_line"

@@ -1,6 +1,7 @@
 //! `softrdma`: the devices softrdma offers, and any RDMA program run on softrdma's
 //! `libibverbs.so.1` / `librdmacm.so.1`.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -204,14 +205,10 @@ fn run(command: &[String]) -> Result<(), String> {
         }
         _ => dir.into_os_string(),
     };
-    let status = Command::new(&command[0])
+    // Replace this process, so the program gets our pid, signals and exit status directly.
+    let err = Command::new(&command[0])
         .args(&command[1..])
         .env("LD_LIBRARY_PATH", path)
-        .status()
-        .map_err(|e| format!("{}: {e}", command[0]))?;
-    match status.code() {
-        Some(0) => Ok(()),
-        Some(c) => std::process::exit(c),
-        None => Err(format!("{} was killed ({status})", command[0])),
-    }
+        .exec();
+    Err(format!("{}: {err}", command[0]))
 }

@@ -9,5 +9,5 @@ mod timer;
 
 pub(crate) use completer::complete;
 pub(crate) use qp::{check_send_lists, flush_recv, Cq};
-pub use qp::{PostError, QpError, RcQp, MAX_MSG_LEN};
+pub use qp::{PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
 pub(crate) use requester::{ReqEvent, ReqParams, Requester, SendEntry};

@@ -17,7 +17,7 @@ use crate::transport::types::*;
 use crate::wire::{Kind, Packet, Psn, Service};
 
 use super::completer::{complete, CompAction, CompResult, Completer};
-use super::requester::{ReqEvent, ReqParams, Requester, SendEntry};
+use super::requester::{Probe, ReqEvent, ReqParams, Requester, SendEntry};
 use super::responder::{RespEvent, RespParams, Responder};
 use super::timer::{Timer, TimerTable};
 
@@ -64,6 +64,11 @@ pub enum PostError {
 /// Most READ/atomic requests outstanding either way (rxe: RXE_MAX_QP_RD_ATOM = 128).
 const MAX_RD_ATOMIC: u8 = 128;
 
+/// The shortest tail-loss probe timeout.
+const PROBE_FLOOR: Duration = Duration::from_millis(1);
+/// The probe timeout before the first round-trip sample.
+const PROBE_INITIAL: Duration = Duration::from_millis(10);
+
 /// Required and optional attributes of an RC transition (IBA Table 91 ff., the kernel's
 /// `qp_state_table` in `ib_modify_qp_is_ok`); `None` if the transition is not allowed.
 fn transition(from: QpState, to: QpState) -> Option<(u32, u32)> {
@@ -101,6 +106,29 @@ fn transition(from: QpState, to: QpState) -> Option<(u32, u32)> {
     })
 }
 
+/// Counters of one RC QP's loss recovery (for benchmarks and tests; nothing depends on them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RcStats {
+    /// Request packets transmitted, first transmissions and retransmissions.
+    pub sent: u64,
+    /// Of those, retransmissions (a PSN sent before).
+    pub retransmitted: u64,
+    /// Go-backs on a PSN sequence error NAK or an implied NAK.
+    pub nak_retries: u64,
+    /// Local ACK timeouts that retransmitted (each consumed one retry).
+    pub timeouts: u64,
+    /// Tail-loss probes sent before the local ACK timeout.
+    pub probes: u64,
+    /// PSNs rewound by go-backs (timeouts, NAKs and probes): already sent, sent again.
+    pub rewound: u64,
+    /// Responder: PSN sequence error NAKs queued.
+    pub seq_naks: u64,
+    /// Responder: out-of-sequence requests dropped (after the NAK, or the NAK itself).
+    pub out_of_seq: u64,
+    /// Responder: duplicate requests received.
+    pub duplicates: u64,
+}
+
 /// One RC queue pair's transport state.
 ///
 /// Call order for a driver, after quinn-proto: feed every received packet for this QP to
@@ -128,6 +156,21 @@ pub struct RcQp {
     cq: Cq,
     /// Alternates the transmitter between responder and requester.
     resp_turn: bool,
+    stats: RcStats,
+    /// Smoothed round-trip time and its variation (RFC 6298), from AckReq'd first
+    /// transmissions; `None` before the first sample.
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The packet being timed (first transmissions only, as Karn's rule says): PSN, sent at.
+    rtt_timed: Option<(Psn, Instant)>,
+    /// Tail-loss probes since the last progress: each doubles the probe timeout.
+    probes_in_row: u32,
+    /// Where the cursor was when the probe took it back, and whether the probed packet was a
+    /// READ or atomic request.
+    probe_resume: Psn,
+    probe_rd: bool,
+    /// The probe out is the one sent at once after a duplicate answer.
+    probe_chained: bool,
 }
 
 impl RcQp {
@@ -168,6 +211,14 @@ impl RcQp {
                 ..Cq::default()
             },
             resp_turn: false,
+            stats: RcStats::default(),
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rtt_timed: None,
+            probes_in_row: 0,
+            probe_resume: Psn::new(0),
+            probe_rd: false,
+            probe_chained: false,
         }
     }
     /// A new QP in RESET that takes its receive WQEs from a shared receive queue (lent with
@@ -196,6 +247,66 @@ impl RcQp {
     /// The QP takes its receive WQEs from a shared receive queue.
     pub fn uses_srq(&self) -> bool {
         self.srq
+    }
+    /// Loss-recovery counters since the QP was created.
+    pub fn stats(&self) -> RcStats {
+        let mut s = self.stats;
+        s.seq_naks = self.resp.seq_naks;
+        s.out_of_seq = self.resp.out_of_seq;
+        s.duplicates = self.resp.duplicates;
+        s
+    }
+
+    /// Go back to `psn` (counting what is sent again).
+    fn rewind(&mut self, psn: Psn) {
+        let d = self.req.sent_max.diff(psn);
+        if d > 0 {
+            self.stats.rewound += d as u64;
+        }
+        self.rtt_timed = None;
+        self.req.probe = Probe::Off;
+        self.req.seek(psn);
+    }
+
+    /// The tail-loss probe timeout: a few round trips (RFC 6298's RTO formula, at least two
+    /// smoothed RTTs), at least [`PROBE_FLOOR`], doubled per probe already sent without
+    /// progress; `None` when it would not come before the local ACK timeout (or there is
+    /// none: timeout 0 means never retransmit).
+    fn probe_timeout(&self) -> Option<Duration> {
+        let ack = self.ack_timeout()?;
+        let base = match self.srtt {
+            Some(s) => (s * 2).max(s + self.rttvar * 4),
+            None => PROBE_INITIAL,
+        }
+        .max(PROBE_FLOOR);
+        // The second probe comes as soon as the first (a copy of the last packet, which a
+        // responder that sent its NAK ignores); later ones back off.
+        let pto = base.checked_mul(1 << self.probes_in_row.saturating_sub(1).min(16))?;
+        (pto < ack).then_some(pto)
+    }
+
+    fn arm_probe(&mut self, now: Instant) {
+        if self.req.outstanding() && !self.req.rnr_paused {
+            if let Some(d) = self.probe_timeout() {
+                self.timers.set(Timer::Probe, now + d);
+                return;
+            }
+        }
+        self.timers.stop(Timer::Probe);
+    }
+
+    fn rtt_sample(&mut self, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(s) => {
+                let dev = if s > r { s - r } else { r - s };
+                self.rttvar = (self.rttvar * 3 + dev) / 4;
+                self.srtt = Some((s * 7 + r) / 8);
+            }
+        }
     }
 
     fn mtu(&self) -> usize {
@@ -300,6 +411,7 @@ impl RcQp {
                 self.req.reset(Psn::new(0));
                 self.resp.reset(Psn::new(0));
                 self.timers.stop_all();
+                self.reset_rtt();
                 self.state = QpState::Reset;
             }
             (QpState::Err, QpState::Err) => {}
@@ -312,6 +424,7 @@ impl RcQp {
             }
             (QpState::Rtr, QpState::Rts) => {
                 self.req.reset(Psn::new(self.attr.sq_psn.unwrap_or(0)));
+                self.reset_rtt();
                 self.comp.set_counters(
                     self.attr.retry_cnt.unwrap_or(0),
                     self.attr.rnr_retry.unwrap_or(0),
@@ -329,6 +442,13 @@ impl RcQp {
             }
         }
         Ok(())
+    }
+
+    fn reset_rtt(&mut self) {
+        self.srtt = None;
+        self.rttvar = Duration::ZERO;
+        self.rtt_timed = None;
+        self.probes_in_row = 0;
     }
 
     /// `ibv_query_qp`: every attribute's current value.
@@ -458,22 +578,43 @@ impl RcQp {
         }
     }
 
-    fn apply_comp(&mut self, now: Instant, r: CompResult) {
+    fn apply_comp(&mut self, now: Instant, una_before: Psn, r: CompResult) {
         if r.progress {
+            let acked = self.req.una.diff(una_before);
+            if acked > 0 {
+                self.req.on_acked(acked as u32);
+            }
+            if let Some((psn, at)) = self.rtt_timed {
+                if self.req.una.after(psn) {
+                    self.rtt_timed = None;
+                    self.rtt_sample(now.saturating_duration_since(at));
+                }
+            }
+            self.probes_in_row = 0;
+            if r.action == CompAction::None {
+                self.probe_answered();
+            }
             self.arm_retransmit(now);
+            self.arm_probe(now);
         }
         match r.action {
             CompAction::None => {}
             CompAction::Retry(psn) => {
                 if !self.req.rnr_paused {
-                    self.req.seek(psn);
+                    // IBA 9.7.5.1.2: go back at once to the NAK'd PSN.
+                    self.stats.nak_retries += 1;
+                    self.req.on_loss(psn);
+                    self.rewind(psn);
                     self.arm_retransmit(now);
+                    self.arm_probe(now);
                 }
             }
             CompAction::RnrWait(psn, micros) => {
                 self.req.rnr_paused = true;
+                self.req.probe = Probe::Off;
                 self.rnr_psn = psn;
                 self.timers.stop(Timer::Retransmit);
+                self.timers.stop(Timer::Probe);
                 self.timers
                     .set(Timer::Rnr, now + Duration::from_micros(micros));
             }
@@ -533,13 +674,14 @@ impl RcQp {
                     return;
                 }
                 let mtu = self.mtu();
+                let una_before = self.req.una;
                 let cq = &mut self.cq;
                 let r =
                     self.comp
                         .on_packet(&mut self.req, pkt, mtu, self.sq_sig_all, mem, &mut |c| {
                             cq.push(c)
                         });
-                self.apply_comp(now, r);
+                self.apply_comp(now, una_before, r);
             }
             Kind::Send
             | Kind::RdmaWrite
@@ -561,7 +703,7 @@ impl RcQp {
         }
     }
 
-    /// Timers due at or before `now` fire (retransmit, RNR wait, ...).
+    /// Timers due at or before `now` fire (retransmit, RNR wait, tail-loss probe).
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.timers.take_expired(Timer::Rnr, now) {
             self.req.rnr_paused = false;
@@ -572,15 +714,130 @@ impl RcQp {
             };
             self.req.seek(from);
             self.arm_retransmit(now);
+            self.arm_probe(now);
         }
         if self.timers.take_expired(Timer::Retransmit, now) {
             match self.comp.on_timeout(&self.req) {
                 CompAction::Retry(psn) => {
-                    self.req.seek(psn);
+                    // IBA 9.7.6.1.3: the local ACK timeout, counted against retry_cnt.
+                    self.stats.timeouts += 1;
+                    self.req.on_loss(psn);
+                    self.rewind(psn);
                     self.arm_retransmit(now);
+                    self.arm_probe(now);
                 }
-                CompAction::Fatal(st) => self.enter_err(Some(st)),
+                CompAction::Fatal(st) => {
+                    self.enter_err(Some(st));
+                    return;
+                }
                 _ => {}
+            }
+        }
+        if self.timers.take_expired(Timer::Probe, now) {
+            self.probe(now);
+        }
+    }
+
+    /// Tail-loss probe: nothing answered for a few round trips. When the last packets of a
+    /// burst are lost, or the responder's one sequence NAK is, or the retransmission that
+    /// answered it, nothing else would move before the local ACK timeout (perftest's is
+    /// 67 ms). This consumes no retry: only the local ACK timeout does.
+    ///
+    /// The first probe after progress is a copy of the last packet sent, with AckReq (as TCP's
+    /// tail-loss probe): if it arrived, the copy is a duplicate and the responder ACKs all it
+    /// holds; if it and packets before it were lost, the copy is out of sequence and draws the
+    /// responder's NAK, and the requester goes back as for any NAK. Either way nothing else
+    /// changes, so a probe that was not needed costs one packet. A responder that already sent
+    /// its one NAK stays silent (IBA C9-90), so the next probe is the oldest unacknowledged
+    /// packet itself, with nothing more sent until it is answered ([`RcQp::probe_answered`]).
+    fn probe(&mut self, now: Instant) {
+        if !self.req.outstanding()
+            || self.req.rnr_paused
+            || !matches!(self.state, QpState::Rts | QpState::Sqd)
+        {
+            return;
+        }
+        self.stats.probes += 1;
+        self.probes_in_row += 1;
+        self.rtt_timed = None;
+        let last = self.req.next_psn.sub(1);
+        let copy_ok = self.req.probe == Probe::Off
+            && self.probes_in_row == 1
+            && !last.before(self.req.una)
+            && self
+                .req
+                .sq
+                .iter()
+                .find(|e| e.contains(last))
+                .is_some_and(|e| !e.is_rd_atomic());
+        if copy_ok {
+            self.req.probe = Probe::Last;
+        } else {
+            if self.req.probe != Probe::Sent && self.req.probe != Probe::Due {
+                self.probe_resume = self.req.next_psn;
+            }
+            self.probe_chained = false;
+            let una = self.req.una;
+            self.req.seek(una);
+            self.probe_rd = self
+                .req
+                .sq
+                .get(self.req.idx)
+                .is_some_and(|e| e.is_rd_atomic());
+            self.req.probe = Probe::Due;
+        }
+        self.arm_probe(now);
+    }
+
+    /// Progress while a probe is out. The responder answers a probe it takes in sequence
+    /// with an ACK of exactly that PSN, and a duplicate with an ACK of the last PSN it holds
+    /// (IBA C9-104; rdma_rxe: the PSN before the one it expects). An ACK of exactly the
+    /// probed PSN of a SEND or WRITE means the hole was there: what was sent after it was lost
+    /// or dropped (a responder that NAKed drops everything out of sequence), so go back to the
+    /// new oldest unacknowledged PSN — a loss. Anything else (a later PSN: the probe was a
+    /// duplicate, e.g. ACKs were lost or merely late) leaves the cursor where the probe found
+    /// it: a gap still there draws a NAK from the next packet, or the next probe finds it.
+    fn probe_answered(&mut self) {
+        match self.req.probe {
+            Probe::Off => {}
+            Probe::Last => self.req.probe = Probe::Off,
+            Probe::Due => {
+                self.req.probe = Probe::Off;
+                let resume = if self.probe_resume.before(self.req.una) {
+                    self.req.una
+                } else {
+                    self.probe_resume
+                };
+                self.req.seek(resume);
+            }
+            Probe::Sent => {
+                self.req.probe = Probe::Off;
+                let una = self.req.una;
+                if !self.probe_rd && una == self.req.last_probe.add(1) {
+                    self.req.on_loss(self.req.last_probe);
+                    self.rewind(una);
+                } else if !self.probe_chained && una.before(self.probe_resume) {
+                    // A duplicate: the responder expects `una`, and packets from there on
+                    // were sent before the probe. Probe once more, at once, at `una`: taken
+                    // in sequence, it finds the hole (a lost NAK or retransmission leaves
+                    // the responder silent); a duplicate again, they were only late.
+                    self.probe_chained = true;
+                    self.stats.probes += 1;
+                    self.req.seek(una);
+                    self.probe_rd = self
+                        .req
+                        .sq
+                        .get(self.req.idx)
+                        .is_some_and(|e| e.is_rd_atomic());
+                    self.req.probe = Probe::Due;
+                } else {
+                    let resume = if self.probe_resume.before(una) {
+                        una
+                    } else {
+                        self.probe_resume
+                    };
+                    self.req.seek(resume);
+                }
             }
         }
     }
@@ -614,9 +871,16 @@ impl RcQp {
                 let p = self.req_params();
                 match self.req.next_packet(&p, mem, buf) {
                     Some(ReqEvent::Packet(n)) => {
+                        self.stats.sent += 1;
+                        if self.req.last_again {
+                            self.stats.retransmitted += 1;
+                        } else if self.req.last_ack_req && self.rtt_timed.is_none() {
+                            self.rtt_timed = Some((self.req.last_psn, now));
+                        }
                         if !self.timers.is_armed(Timer::Retransmit) {
                             self.arm_retransmit(now);
                         }
+                        self.arm_probe(now);
                         return Some(n);
                     }
                     Some(ReqEvent::LocalError(st)) => {

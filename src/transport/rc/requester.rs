@@ -12,6 +12,23 @@ use crate::wire::{AtomicEth, Bth, Opcode, Packet, Psn, Reth};
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
 /// Packets of one message sent without AckReq before one is forced (rxe: RXE_MAX_PKT_PER_ACK).
 pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
+/// The smallest loss window ([`Requester::cwnd`]): one 64 KiB message at a 4096-byte MTU.
+pub(crate) const MIN_CWND: u32 = 16;
+
+/// Where a tail-loss probe stands ([`Requester::probe`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// Sending as the window allows.
+    #[default]
+    Off,
+    /// Send a copy of the last packet sent (the one before the cursor), with AckReq, and go
+    /// on where the cursor is.
+    Last,
+    /// The cursor is at the oldest unacknowledged PSN: send that one packet, with AckReq.
+    Due,
+    /// The probe went out: send nothing more until a response (or a timer) moves things on.
+    Sent,
+}
 
 /// A send WQE on the send queue, with its transport progress.
 #[derive(Debug)]
@@ -134,6 +151,24 @@ pub(crate) struct Requester {
     noack_pkts: u32,
     /// Stopped by an RNR NAK until the RNR timer fires.
     pub rnr_paused: bool,
+    /// Unacknowledged PSNs let out at once, at most [`MAX_UNACKED_PSNS`]: halved by a loss,
+    /// grown by one per window acknowledged ([`Requester::on_loss`], [`Requester::on_acked`]).
+    /// Go-back-N throws away everything in flight behind a lost packet, so a window far
+    /// beyond the path's bandwidth-delay product only queues packets that a loss then wastes.
+    pub cwnd: u32,
+    /// PSNs acknowledged toward the next increment of `cwnd`.
+    cwnd_acked: u32,
+    /// Losses of PSNs before this one belong to the episode that already shrank the window.
+    recover: Psn,
+    /// A tail-loss probe in progress, and the PSN of the last one sent.
+    pub probe: Probe,
+    pub last_probe: Psn,
+    /// The packet being built asks for an ACK whatever its place.
+    force_ack: bool,
+    /// The last packet built: its PSN, whether it carried AckReq, whether it was sent before.
+    pub last_psn: Psn,
+    pub last_ack_req: bool,
+    pub last_again: bool,
 }
 
 impl Requester {
@@ -148,6 +183,44 @@ impl Requester {
         self.pkt = 0;
         self.noack_pkts = 0;
         self.rnr_paused = false;
+        self.cwnd = MAX_UNACKED_PSNS as u32;
+        self.cwnd_acked = 0;
+        self.recover = psn;
+        self.probe = Probe::Off;
+        self.last_ack_req = false;
+    }
+
+    /// The window in force (a requester never reset has the full one).
+    fn window(&self) -> i32 {
+        if self.cwnd == 0 {
+            MAX_UNACKED_PSNS
+        } else {
+            self.cwnd.min(MAX_UNACKED_PSNS as u32) as i32
+        }
+    }
+
+    /// A loss was detected at `psn` (NAK, implied NAK, probe or timeout): halve the window,
+    /// once per episode (the PSNs sent before the first reaction belong to it).
+    pub(crate) fn on_loss(&mut self, psn: Psn) {
+        if psn.before(self.recover) {
+            return;
+        }
+        self.cwnd = (self.window() as u32 / 2).max(MIN_CWND);
+        self.cwnd_acked = 0;
+        self.recover = self.sent_max;
+    }
+
+    /// `n` more PSNs were acknowledged: one more PSN of window per window acknowledged.
+    pub(crate) fn on_acked(&mut self, n: u32) {
+        let w = self.window() as u32;
+        if w >= MAX_UNACKED_PSNS as u32 {
+            return;
+        }
+        self.cwnd_acked += n;
+        if self.cwnd_acked >= w {
+            self.cwnd_acked -= w;
+            self.cwnd = w + 1;
+        }
     }
 
     /// The oldest WQE has packets out whose acknowledgement is awaited.
@@ -198,7 +271,26 @@ impl Requester {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
     ) -> Option<ReqEvent> {
-        if self.rnr_paused {
+        if self.probe == Probe::Last && !self.rnr_paused {
+            self.probe = Probe::Off;
+            let saved = (self.idx, self.pkt, self.next_psn, self.noack_pkts);
+            let last = self.next_psn.sub(1);
+            if !last.before(self.una) {
+                self.seek(last);
+                self.force_ack = true;
+                let r = self.build(p, mem, buf);
+                self.force_ack = false;
+                (self.idx, self.pkt, self.next_psn, self.noack_pkts) = saved;
+                if r.is_some() {
+                    return r;
+                }
+            }
+        }
+        self.build(p, mem, buf)
+    }
+
+    fn build(&mut self, p: &ReqParams, mem: &dyn MemoryAccess, buf: &mut [u8]) -> Option<ReqEvent> {
+        if self.rnr_paused || self.probe == Probe::Sent {
             return None;
         }
         // Skip a cursor left behind acknowledged PSNs.
@@ -225,10 +317,11 @@ impl Requester {
             }
         }
         // Flow window on unacknowledged PSNs (RC only, as rxe: UC is never acknowledged).
-        if !p.unreliable && self.next_psn.diff(self.una) >= MAX_UNACKED_PSNS {
+        if !p.unreliable && self.next_psn.diff(self.una) >= self.window() {
             return None;
         }
         let max_psn = self.max_psn;
+        let w = self.window();
         let e = &mut self.sq[idx];
         if !e.started {
             e.started = true;
@@ -289,7 +382,17 @@ impl Requester {
         // AckReq on the last packet of a message, and within a long one once more than
         // MAX_PKT_PER_ACK packets went without (exactly as rxe_req.c counts them); UC packets
         // carry it too, as rxe's do, and the UC responder ignores it.
-        bth.ack_req = ends || self.noack_pkts > MAX_PKT_PER_ACK;
+        // A tail-loss probe asks for one too, and so does a packet that fills the window or
+        // half of it: a window smaller than a message must still be clocked by ACKs.
+        // (With the full window, the packets ask exactly as rxe's do.)
+        let window_ack = !p.unreliable
+            && w < MAX_UNACKED_PSNS
+            && (psn.add(consumed).diff(self.una) >= w || self.noack_pkts + 1 >= w as u32 / 2);
+        bth.ack_req = ends
+            || self.noack_pkts > MAX_PKT_PER_ACK
+            || self.probe == Probe::Due
+            || self.force_ack
+            || window_ack;
         // The SE bit goes on the last packet of a SEND or RDMA WRITE with immediate (IBA 9.2.2).
         bth.solicited = ends
             && e.wqe.flags.solicited
@@ -364,6 +467,13 @@ impl Requester {
         buf[hlen + payload_len..total].fill(0);
         // Advance the cursor.
         self.noack_pkts = if bth.ack_req { 0 } else { self.noack_pkts + 1 };
+        self.last_ack_req = bth.ack_req;
+        self.last_psn = psn;
+        self.last_again = psn.before(self.sent_max);
+        if self.probe == Probe::Due {
+            self.probe = Probe::Sent;
+            self.last_probe = psn;
+        }
         self.next_psn = psn.add(consumed);
         if self.next_psn.after(self.sent_max) {
             self.sent_max = self.next_psn;

@@ -109,6 +109,10 @@ pub(crate) struct Responder {
     nak_sent: bool,
     out: VecDeque<Out>,
     res: VecDeque<Resource>,
+    /// Counters for [`super::RcStats`].
+    pub seq_naks: u64,
+    pub out_of_seq: u64,
+    pub duplicates: u64,
 }
 
 fn msn_inc(m: u32) -> u32 {
@@ -219,12 +223,15 @@ impl Responder {
         let psn = pkt.bth.psn;
         let d = psn.diff(self.epsn);
         if d < 0 {
+            self.duplicates += 1;
             self.duplicate(pkt);
             return RespEvent::None;
         }
         if d > 0 {
+            self.out_of_seq += 1;
             // IBA C9-90: one PSN sequence error NAK, then silence until back in sequence.
             if !self.nak_sent {
+                self.seq_naks += 1;
                 self.nak_sent = true;
                 self.out.push_back(Out::Ack {
                     psn: self.epsn,

@@ -10,12 +10,14 @@ pub(crate) enum Timer {
     Retransmit = 0,
     /// RNR NAK wait (IBA 9.7.5.2.8): resume sending when it expires.
     Rnr = 1,
+    /// Tail-loss probe: no response for a few round trips, well before the local ACK timeout.
+    Probe = 2,
 }
 
 /// Deadlines of all timers; `None` means stopped.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct TimerTable {
-    data: [Option<Instant>; 2],
+    data: [Option<Instant>; 3],
 }
 
 impl TimerTable {
@@ -26,7 +28,7 @@ impl TimerTable {
         self.data[t as usize] = None;
     }
     pub(crate) fn stop_all(&mut self) {
-        self.data = [None; 2];
+        self.data = [None; 3];
     }
     pub(crate) fn is_armed(&self, t: Timer) -> bool {
         self.data[t as usize].is_some()
