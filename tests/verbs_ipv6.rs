@@ -538,3 +538,77 @@ fn address_checks_follow_the_gid_table() {
     e.qp.modify(&rtr(GID_V6)).unwrap();
     assert_eq!(e.qp.query().unwrap().ah_attr.unwrap().dgid, V6_LOOPBACK);
 }
+
+/// rdma_rxe sends RoCEv2 over IPv6 with a zero UDP checksum (its tunnel socket computes none;
+/// the ICRC covers the packet), which a plain UDP socket drops. A UD SEND sent so, from an
+/// ordinary socket with `UDP_NO_CHECK6_TX`, with rxe's ICRC over its IPv6 header, arrives.
+#[test]
+fn a_datagram_with_rxes_zero_udp_checksum_arrives() {
+    use softrdma::wire::ipv4::UDP_LEN;
+    use softrdma::wire::ipv6::{Ipv6Udp, IPV6_LEN};
+    use softrdma::wire::{icrc, Bth, Deth, Opcode, Packet, Psn, ROCE_V2_PORT};
+    use std::os::fd::AsRawFd;
+
+    let Some(ctx) = v6_ctx() else { return };
+    let (_pd, cq, qp, mr) = ud_end(&ctx);
+    qp.post_recv(&[RecvWr {
+        wr_id: 5,
+        sg_list: &[sge(&mr, 0, 1024)],
+    }])
+    .unwrap();
+    let tx = std::net::UdpSocket::bind("[::1]:0").unwrap();
+    const UDP_NO_CHECK6_TX: libc::c_int = 101;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads an int from a live local.
+    let r = unsafe {
+        libc::setsockopt(
+            tx.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_NO_CHECK6_TX,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0);
+    let mut p = Packet::new(
+        Bth::new(Opcode::UD_SEND_ONLY, qp.qp_num(), Psn::new(7)),
+        b"zero",
+    );
+    p.deth = Some(Deth {
+        qkey: 0x11,
+        resv8: 0,
+        src_qpn: 0x42,
+    });
+    let mut buf = [0u8; 256];
+    let n = p.emit(&mut buf).unwrap();
+    let mut hdr = [0u8; IPV6_LEN + UDP_LEN];
+    let port = tx.local_addr().unwrap().port();
+    Ipv6Udp::new(
+        Ipv6Addr::LOCALHOST,
+        port,
+        Ipv6Addr::LOCALHOST,
+        ROCE_V2_PORT,
+        n,
+    )
+    .emit(&mut hdr);
+    icrc::fill_v6(&hdr, &mut buf[..n]);
+    // The datagram (and its retries: a loaded host may drop one) carries checksum 0 on `lo`.
+    let t0 = std::time::Instant::now();
+    let wc = loop {
+        tx.send_to(&buf[..n], ("::1", ROCE_V2_PORT)).unwrap();
+        let mut wc = [Default::default()];
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        while std::time::Instant::now() < until && cq.poll(&mut wc).unwrap() == 0 {
+            std::thread::yield_now();
+        }
+        if wc[0].wr_id == 5 {
+            break wc[0];
+        }
+        assert!(
+            t0.elapsed() < verbs_util::WAIT,
+            "the datagram never arrived"
+        );
+    };
+    assert_eq!((wc.status, wc.src_qp), (WcStatus::Success, 0x42));
+    assert_eq!(&mr.lock()[GRH_LEN..GRH_LEN + 4], b"zero");
+}

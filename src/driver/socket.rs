@@ -48,6 +48,10 @@ const RESYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// `IPV6_AUTOFLOWLABEL` (linux/in6.h): 0 sends flow label 0, as rdma_rxe does.
 const IPV6_AUTOFLOWLABEL: libc::c_int = 70;
+/// `UDP_NO_CHECK6_RX` (linux/udp.h): take IPv6 datagrams whose UDP checksum is zero. rdma_rxe
+/// sends RoCEv2 over IPv6 with a zero checksum (its tunnel socket does not compute one: the
+/// ICRC covers the packet), which a UDP socket otherwise drops.
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
 
 /// A bound socket, its address and its place in the address's group (if shared).
 type Bound = (Socket, SocketAddr, Option<Share>);
@@ -312,7 +316,8 @@ fn setup(s: &Socket, local: SocketAddr) -> io::Result<()> {
             libc::IP_PMTUDISC_DO,
         ),
         // No fragments either (a datagram over the path MTU fails to send); flow label 0 as
-        // rxe sends (the ICRC masks it anyway); the header fields a UD GRH shows.
+        // rxe sends (the ICRC masks it anyway); rxe's zero UDP checksums taken; the header
+        // fields a UD GRH shows.
         SocketAddr::V6(_) => {
             super::batch::set_int(
                 fd,
@@ -321,6 +326,7 @@ fn setup(s: &Socket, local: SocketAddr) -> io::Result<()> {
                 libc::IPV6_PMTUDISC_DO,
             )?;
             let _ = super::batch::set_int(fd, libc::IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
+            super::batch::set_int(fd, libc::SOL_UDP, UDP_NO_CHECK6_RX, 1)?;
             super::batch::enable_v6_header_info(fd);
             Ok(())
         }
