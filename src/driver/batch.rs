@@ -105,6 +105,8 @@ pub(crate) struct RxBatch {
     info: [RxInfo; RX_MSGS],
     /// (offset in `bufs`, length, message index) of each datagram of the last receive.
     dgrams: Vec<(u32, u32, u8)>,
+    /// Messages the last receive got: fewer than [`RX_MSGS`] means the socket's queue ran empty.
+    msgs: usize,
 }
 
 impl RxBatch {
@@ -115,6 +117,7 @@ impl RxBatch {
             cmsg: [CmsgBuf([0; 128]); RX_MSGS],
             info: [RxInfo::default(); RX_MSGS],
             dgrams: Vec::with_capacity(RX_MSGS * GSO_MAX_SEGS),
+            msgs: 0,
         }
     }
 
@@ -122,6 +125,7 @@ impl RxBatch {
     /// (0: nothing waits).
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         self.dgrams.clear();
+        self.msgs = 0;
         // SAFETY: plain C structs; all-zero is valid.
         let mut iov: [libc::iovec; RX_MSGS] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -175,7 +179,14 @@ impl RxBatch {
                 self.dgrams.push((base as u32, 0, i as u8));
             }
         }
+        self.msgs = n;
         Ok(self.dgrams.len())
+    }
+
+    /// Whether the last [`RxBatch::recv`] emptied the socket's queue (it got fewer messages
+    /// than it had room for): another receive now would most likely find nothing.
+    pub fn drained(&self) -> bool {
+        self.msgs < RX_MSGS
     }
 
     /// Datagram `i` of the last [`RxBatch::recv`]: its bytes, its sender (`None`: a family

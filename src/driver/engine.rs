@@ -25,6 +25,8 @@ use crate::wire::{icrc, Packet, ROCE_V2_PORT};
 
 /// Datagrams handled per receive burst before timers and transmission get a turn.
 const RX_BURST: usize = 64;
+/// At most this many datagrams that emptied the socket's queue end its receive at once.
+const LATENCY_BURST: usize = 2;
 /// First QPN handed out within a slot's range, as rxe's first (0 and 1 are the special QPs).
 const FIRST_QPN: u32 = 0x11;
 /// QPNs of one slot: the low 16 bits (the top 8 are the slot, see `driver::share`).
@@ -254,6 +256,12 @@ impl Engine {
                     self.on_datagram(i, k, sock.local, mrs, now);
                 }
                 received += n;
+                // A datagram or two that emptied the queue is a ping-pong's: answer now rather
+                // than pay a receive that would find nothing. (A stream is read until the queue
+                // stays empty, so that its ACKs coalesce.)
+                if self.rx.drained() && received <= LATENCY_BURST {
+                    break;
+                }
             }
         }
         for (k, to, a) in self.probe_answers.drain(..) {

@@ -156,6 +156,11 @@ pub(crate) struct Share {
     reg: File,
     /// The registry's contents (replaced whole on every change).
     data: PathBuf,
+    /// Held (with the `flock`) by whoever changes the registry from this process: `flock`
+    /// locks belong to the open file, which every thread of the process shares, so it does not
+    /// keep two threads of one context (two `listen`s, or a `listen` and the progress
+    /// thread's check) from changing the registry at once and losing one's change.
+    busy: std::sync::Mutex<()>,
 }
 
 /// Byte-range lock request on `slot`'s byte.
@@ -366,6 +371,7 @@ impl Share {
             close();
             return;
         }
+        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         let guard = Locked::new(&self.reg);
         if guard.is_ok() {
             if let Ok(mut layout) = read_layout(&self.data) {
@@ -377,6 +383,7 @@ impl Share {
         }
         close();
         drop(guard);
+        drop(busy);
     }
 
     /// Remove dead members, if any, and steer again (called now and then by the progress
@@ -395,6 +402,9 @@ impl Share {
         {
             return;
         }
+        let Ok(_busy) = self.busy.try_lock() else {
+            return;
+        };
         let Some(_guard) = Locked::try_new(&self.reg) else {
             return;
         };
@@ -412,6 +422,9 @@ impl Share {
     /// traffic for another one). Never waits for the registry lock. Datagrams that reach this
     /// socket meanwhile are dropped (RC retransmits them).
     pub fn resync(&self, sock_fd: RawFd) {
+        let Ok(_busy) = self.busy.try_lock() else {
+            return;
+        };
         let Some(_guard) = Locked::try_new(&self.reg) else {
             return;
         };
@@ -450,6 +463,7 @@ impl Share {
     }
 
     fn update(&self, sock_fd: RawFd, f: impl FnOnce(&mut Layout)) -> io::Result<()> {
+        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         let _guard = Locked::new(&self.reg)?;
         let mut layout = read_layout(&self.data)?;
         prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));

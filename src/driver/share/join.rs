@@ -141,6 +141,7 @@ impl Share {
                         addr,
                         reg,
                         data,
+                        busy: std::sync::Mutex::new(()),
                     })
                 }
                 // Dropping `reg` gives the slot's lock in that registry back.
