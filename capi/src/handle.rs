@@ -46,6 +46,7 @@ pub(crate) enum Kind {
     Srq,
     EventChannel,
     CmId,
+    CmEvent,
 }
 
 fn live() -> MutexGuard<'static, HashMap<usize, Kind>> {

@@ -19,5 +19,6 @@ pub mod abi;
 #[macro_use]
 mod export;
 mod handle;
+mod rdmacm;
 mod stubs;
 mod verbs;

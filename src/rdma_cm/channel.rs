@@ -37,7 +37,8 @@ impl ChannelInner {
         let ev = q.pop_front()?;
         if q.is_empty() {
             let mut v: u64 = 0;
-            // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd.
+            // SAFETY: reads 8 bytes into a live u64 from our own eventfd, which holds 1 (the
+            // queue was not empty), so the read does not block.
             unsafe { libc::read(self.fd.as_raw_fd(), &mut v as *mut u64 as *mut _, 8) };
         }
         Some(ev)
@@ -47,6 +48,7 @@ impl ChannelInner {
     /// releasing its locks.
     pub(crate) fn purge(&self, id: &Arc<IdInner>) -> Vec<RawEvent> {
         let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        let had = !q.is_empty();
         let mut out = Vec::new();
         let mut keep = VecDeque::with_capacity(q.len());
         for ev in q.drain(..) {
@@ -62,7 +64,9 @@ impl ChannelInner {
             }
         }
         *q = keep;
-        if q.is_empty() {
+        // The eventfd holds 1 exactly while the queue is not empty, so it is read only then
+        // (the fd is blocking: see `EventChannel::new`).
+        if had && q.is_empty() {
             let mut v: u64 = 0;
             // SAFETY: as in `pop`.
             unsafe { libc::read(self.fd.as_raw_fd(), &mut v as *mut u64 as *mut _, 8) };
@@ -80,8 +84,11 @@ pub struct EventChannel {
 impl EventChannel {
     /// `rdma_create_event_channel`.
     pub fn new() -> Result<EventChannel> {
+        // Blocking, so that a program that sets O_NONBLOCK on the fd itself (as librdmacm's
+        // callers do to make `rdma_get_cm_event` non-blocking) can be told apart; the channel
+        // reads it only while it holds 1, so no read of ours ever waits.
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error().into());
         }

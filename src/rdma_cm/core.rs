@@ -358,7 +358,7 @@ impl CmaCore {
                         }
                         st.conn = None;
                     }
-                    if let Some(ch) = rec.inner.channel.upgrade() {
+                    if let Some(ch) = rec.inner.channel().upgrade() {
                         expired.extend(ch.purge(&rec.inner));
                     }
                 }
@@ -514,6 +514,31 @@ impl CmaCore {
             param.initiator_depth = info.responder_resources;
             param.rnr_retry_count = info.rnr_retry_count;
             param.srq = info.srq;
+            if let Some(qpn) = st.own_qp {
+                // The program's own QP (librdmacm: no `id->qp`): it moves the QP itself with
+                // what `rdma_init_qp_attr` reports, after CONNECT_RESPONSE.
+                st.settled = Some(Transition {
+                    qpn,
+                    peer_gid: st.peer_gid(),
+                    sgid_index: st.sgid_index(),
+                    remote_qpn: info.remote_qpn,
+                    rq_psn: st.rq_psn,
+                    sq_psn: info.remote_psn,
+                    mtu: st.mtu,
+                    max_dest_rd_atomic: st.param.responder_resources,
+                    max_rd_atomic: st.param.initiator_depth.min(info.responder_resources),
+                    retry_cnt: st.param.retry_count,
+                    rnr_retry: info.rnr_retry_count,
+                    flow_label: st.flow_label,
+                });
+                st.phase = Phase::Established;
+                drop(st);
+                push(
+                    &inner,
+                    RawEvent::new(cid, EventType::ConnectResponse, 0, EventParam::Conn(param)),
+                );
+                return;
+            }
             let ok = match st.qpn {
                 Some(qpn) => {
                     let t = Transition {
@@ -635,12 +660,11 @@ pub(crate) fn ud_av(gid: [u8; 16], sgid_index: u8) -> AddressVector {
 }
 
 fn push(owner: &Arc<IdInner>, ev: RawEvent) {
-    if let Some(ch) = owner.channel.upgrade() {
-        ch.push(ev);
-    }
+    owner.push_event(ev);
 }
 
 /// INIT → RTR → RTS for a connected RC QP, with what the CM settled.
+#[derive(Clone, Debug)]
 pub(crate) struct Transition {
     pub qpn: u32,
     pub peer_gid: [u8; 16],
@@ -659,11 +683,16 @@ pub(crate) struct Transition {
 
 impl Transition {
     pub fn run(&self, modify: ModifyQp<'_>) -> bool {
+        modify(self.qpn, &self.rtr()) && modify(self.qpn, &self.rts())
+    }
+
+    /// The attributes of the move to RTR (`rdma_init_qp_attr(IBV_QPS_RTR)`).
+    pub fn rtr(&self) -> QpAttr {
         let mut access = AccessFlags::REMOTE_WRITE;
         if self.max_dest_rd_atomic > 0 {
             access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
         }
-        let rtr = QpAttr {
+        QpAttr {
             qp_state: Some(QpState::Rtr),
             path_mtu: Some(self.mtu),
             dest_qp_num: Some(self.remote_qpn),
@@ -682,8 +711,12 @@ impl Transition {
                 port_num: 1,
             }),
             ..Default::default()
-        };
-        let rts = QpAttr {
+        }
+    }
+
+    /// The attributes of the move to RTS (`rdma_init_qp_attr(IBV_QPS_RTS)`).
+    pub fn rts(&self) -> QpAttr {
+        QpAttr {
             qp_state: Some(QpState::Rts),
             sq_psn: Some(self.sq_psn),
             timeout: Some(QP_TIMEOUT),
@@ -691,8 +724,7 @@ impl Transition {
             rnr_retry: Some(self.rnr_retry.min(7)),
             max_rd_atomic: Some(self.max_rd_atomic),
             ..Default::default()
-        };
-        modify(self.qpn, &rtr) && modify(self.qpn, &rts)
+        }
     }
 }
 

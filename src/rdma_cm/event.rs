@@ -66,7 +66,10 @@ pub struct ConnParam {
     /// 0..=7, 7 infinite.
     pub rnr_retry_count: u8,
     pub srq: bool,
-    /// The peer's QP number (events only).
+    /// Events: the peer's QP number. `connect`/`accept` on an id without a QP from
+    /// [`CmId::create_qp`](super::CmId::create_qp): the QP the program manages itself (it then
+    /// moves it with [`CmId::init_qp_attr`](super::CmId::init_qp_attr); the active side gets
+    /// CONNECT_RESPONSE instead of ESTABLISHED).
     pub qp_num: u32,
 }
 

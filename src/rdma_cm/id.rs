@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::channel::ChannelInner;
+use super::channel::{ChannelInner, EventChannel};
 use super::core::{CmaCore, ModifyQp, Transition, DESTROY_GEN};
 use super::error::{CmaError, Result};
 use super::event::{ConnParam, EventParam, EventType, RawEvent};
@@ -63,6 +63,11 @@ pub(crate) struct IdState {
     pub local: Option<SocketAddr>,
     pub remote: Option<SocketAddr>,
     pub qpn: Option<u32>,
+    /// The QP number of a QP the program manages itself (`conn_param.qp_num` without
+    /// `create_qp`): the CM puts it in its messages but never modifies it.
+    pub own_qp: Option<u32>,
+    /// What the connection settled, for `init_qp_attr` (the program's own QP).
+    pub settled: Option<Transition>,
     pub conn: Option<IbId>,
     pub rq_psn: u32,
     pub mtu: Mtu,
@@ -137,7 +142,9 @@ struct EvCount {
 
 pub(crate) struct IdInner {
     pub ps: PortSpace,
-    pub channel: Weak<ChannelInner>,
+    /// The channel events go to; [`CmId::migrate`] changes it. Held while an event is queued,
+    /// so no event goes to a channel the id has left.
+    channel: Mutex<Weak<ChannelInner>>,
     st: Mutex<IdState>,
     destroyed: AtomicBool,
     ev: Mutex<EvCount>,
@@ -148,7 +155,7 @@ impl IdInner {
     fn new(channel: Weak<ChannelInner>, ps: PortSpace, st: IdState) -> Arc<IdInner> {
         Arc::new(IdInner {
             ps,
-            channel,
+            channel: Mutex::new(channel),
             st: Mutex::new(st),
             destroyed: AtomicBool::new(false),
             ev: Mutex::new(EvCount::default()),
@@ -180,7 +187,7 @@ impl IdInner {
             req: Some(req),
             ..blank_state()
         };
-        IdInner::new(listener.channel.clone(), listener.ps, st)
+        IdInner::new(listener.channel(), listener.ps, st)
     }
 
     /// The id of an incoming SIDR request (UDP port space), on `listener`'s channel.
@@ -201,7 +208,23 @@ impl IdInner {
             sidr_peer: Some(peer_gid),
             ..blank_state()
         };
-        IdInner::new(listener.channel.clone(), listener.ps, st)
+        IdInner::new(listener.channel(), listener.ps, st)
+    }
+
+    /// The channel the id reports to.
+    pub(crate) fn channel(&self) -> Weak<ChannelInner> {
+        self.channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Queue `ev` on the id's current channel (a no-op if the channel is gone).
+    pub(crate) fn push_event(&self, ev: RawEvent) {
+        let ch = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ch) = ch.upgrade() {
+            ch.push(ev);
+        }
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, IdState> {
@@ -264,6 +287,8 @@ fn blank_state() -> IdState {
         local: None,
         remote: None,
         qpn: None,
+        own_qp: None,
+        settled: None,
         conn: None,
         rq_psn: 0,
         mtu: Mtu::Mtu1024,
@@ -318,6 +343,13 @@ impl PartialEq for CmId {
 }
 impl Eq for CmId {}
 
+impl std::hash::Hash for CmId {
+    /// Clones of one id hash alike (ids can key a map, as a C binding's does).
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        Arc::as_ptr(&self.0.inner).hash(h);
+    }
+}
+
 /// The backlog of `listen(0)` (the kernel's `max_backlog` default).
 const DEFAULT_BACKLOG: usize = 1024;
 
@@ -366,9 +398,36 @@ impl CmId {
     }
 
     fn push(&self, ev: EventType, status: i32) {
-        if let Some(ch) = self.inner().channel.upgrade() {
-            ch.push(RawEvent::new(self.clone(), ev, status, EventParam::None));
+        self.inner()
+            .push_event(RawEvent::new(self.clone(), ev, status, EventParam::None));
+    }
+
+    /// `rdma_migrate_id`: report this id's events on `channel` from now on; its events queued
+    /// and not yet retrieved move there too. (A listener's CONNECT_REQUESTs already queued
+    /// move with it.)
+    pub fn migrate(&self, channel: &EventChannel) {
+        let mut cur = self
+            .inner()
+            .channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let old = cur.upgrade();
+        *cur = Arc::downgrade(&channel.inner);
+        if let Some(old) = old {
+            if !Arc::ptr_eq(&old, &channel.inner) {
+                for ev in old.purge(self.inner()) {
+                    channel.inner.push(ev);
+                }
+            }
         }
+    }
+
+    /// The channel the id reports to (`id->channel`), if it still exists.
+    pub fn channel(&self) -> Option<EventChannel> {
+        self.inner()
+            .channel()
+            .upgrade()
+            .map(|inner| EventChannel { inner })
     }
 
     fn check_phase(st: &IdState, ok: &[Phase]) -> Result<()> {
@@ -416,6 +475,54 @@ impl CmId {
     /// The QP created with [`CmId::create_qp`], if any.
     pub fn qp_num(&self) -> Option<u32> {
         self.inner().state().qpn
+    }
+
+    /// `rdma_init_qp_attr` for RTR or RTS: the attributes that move a QP the program manages
+    /// itself (no [`CmId::create_qp`]) to that state for this connection — on the passive side
+    /// from the CONNECT_REQUEST on (before `accept`, which must then name the QP in
+    /// [`ConnParam::qp_num`]), on the active side after CONNECT_RESPONSE.
+    pub fn init_qp_attr(&self, state: QpState) -> Result<QpAttr> {
+        let mut st = self.inner().state();
+        if st.settled.is_none() && st.phase == Phase::ConnectRequest {
+            let req = st
+                .req
+                .clone()
+                .ok_or(CmaError::InvalidState("no connection"))?;
+            let sgid_index = st.sgid_index();
+            st.settled = Some(Transition {
+                qpn: 0,
+                peer_gid: req.peer.gid,
+                sgid_index,
+                remote_qpn: req.remote_qpn,
+                rq_psn: random_psn(),
+                sq_psn: req.remote_psn,
+                mtu: st.mtu,
+                max_dest_rd_atomic: req.initiator_depth,
+                max_rd_atomic: req.responder_resources,
+                retry_cnt: req.retry_count,
+                rnr_retry: req.rnr_retry_count,
+                flow_label: st.flow_label,
+            });
+        }
+        let t = st
+            .settled
+            .as_ref()
+            .ok_or(CmaError::InvalidState("no connection parameters yet"))?;
+        match state {
+            QpState::Rtr => Ok(t.rtr()),
+            QpState::Rts => Ok(t.rts()),
+            _ => Err(CmaError::InvalidArgument("init_qp_attr: RTR or RTS")),
+        }
+    }
+
+    /// `rdma_establish`: after CONNECT_RESPONSE, with the program's own QP in RTS. (The RTU
+    /// went out with the REP's acceptance, so there is nothing left to send.)
+    pub fn establish(&self) -> Result<()> {
+        let st = self.inner().state();
+        if st.own_qp.is_none() || st.settled.is_none() {
+            return Err(CmaError::InvalidState("no CONNECT_RESPONSE to establish"));
+        }
+        Self::check_phase(&st, &[Phase::Established])
     }
 
     /// Set the CM timeouts used by the next [`CmId::connect`] (see [`CmTimeouts`]).
@@ -646,7 +753,7 @@ impl CmId {
         let ctx = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::RouteResolved])?;
-            if st.qpn.is_none() {
+            if st.qpn.is_none() && param.qp_num == 0 {
                 return Err(CmaError::InvalidState("no QP (create_qp first)"));
             }
             st.ctx.clone().expect("resolved")
@@ -656,7 +763,12 @@ impl CmId {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::RouteResolved])?;
             let (local, remote) = (st.local.expect("resolved"), st.remote.expect("resolved"));
-            let qpn = st.qpn.expect("checked");
+            let (qpn, own) = match st.qpn {
+                Some(q) => (q, None),
+                None if param.qp_num != 0 => (param.qp_num, Some(param.qp_num)),
+                None => return Err(CmaError::InvalidState("no QP (create_qp first)")),
+            };
+            st.own_qp = own;
             let rq_psn = random_psn();
             let mut p = ConnectParams::rdma_cm_tcp_ip(local, remote, qpn, rq_psn);
             // The CM's MADs to the peer go out from the id's address.
@@ -789,7 +901,7 @@ impl CmId {
         let ctx = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
-            if st.qpn.is_none() {
+            if st.qpn.is_none() && param.qp_num == 0 {
                 return Err(CmaError::InvalidState("no QP (create_qp first)"));
             }
             st.ctx.clone().expect("incoming ids have a device")
@@ -799,8 +911,16 @@ impl CmId {
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             let req = st.req.clone().expect("connect request");
             let id = st.conn.expect("connect request");
-            let qpn = st.qpn.expect("checked");
-            let rq_psn = random_psn();
+            let (qpn, own) = match st.qpn {
+                Some(q) => (q, false),
+                None if param.qp_num != 0 => (param.qp_num, true),
+                None => return Err(CmaError::InvalidState("no QP (create_qp first)")),
+            };
+            // The program's own QP already has the RQ PSN `init_qp_attr` reported.
+            let rq_psn = match (&st.settled, own) {
+                (Some(t), true) => t.rq_psn,
+                _ => random_psn(),
+            };
             let max_dest = param.responder_resources.min(req.initiator_depth);
             let max_rd = param.initiator_depth.min(req.responder_resources);
             let t = Transition {
@@ -817,7 +937,9 @@ impl CmId {
                 rnr_retry: req.rnr_retry_count,
                 flow_label: st.flow_label,
             };
-            if !t.run(modify) {
+            if own {
+                st.own_qp = Some(qpn);
+            } else if !t.run(modify) {
                 return Err(CmaError::InvalidState("the QP could not be moved to RTS"));
             }
             let mut ap = AcceptParams::new(qpn, rq_psn);
@@ -956,7 +1078,7 @@ impl CmId {
     fn finish_destroy(self) {
         let inner = self.inner().clone();
         inner.teardown();
-        if let Some(ch) = inner.channel.upgrade() {
+        if let Some(ch) = inner.channel().upgrade() {
             let purged = ch.purge(&inner);
             drop(purged);
         }

@@ -31,3 +31,10 @@ pub use channel::{EventChannel, WaitError};
 pub use error::{CmaError, Result};
 pub use event::{CmEvent, ConnParam, EventParam, EventType, UdParam};
 pub use id::{CmId, CmTimeouts};
+
+/// The device contexts rdma_cm ids use, one for each device that can be opened (librdmacm's
+/// `rdma_get_devices`): the same [`crate::verbs::Context`] that [`CmId::context`] returns for
+/// an id on that device.
+pub fn device_contexts() -> Result<Vec<crate::verbs::Context>> {
+    route::all_contexts()
+}

@@ -82,26 +82,29 @@ impl CompletionChannel {
         loop {
             // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
             let r = unsafe { libc::read(self.fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
-            if r == 8 {
-                break;
+            if r != 8 {
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    std::io::ErrorKind::Interrupted => continue,
+                    std::io::ErrorKind::WouldBlock => return Err(VerbsError::WouldBlock),
+                    _ => return Err(e.into()),
+                }
             }
-            let e = std::io::Error::last_os_error();
-            match e.kind() {
-                std::io::ErrorKind::Interrupted => continue,
-                std::io::ErrorKind::WouldBlock => return Err(VerbsError::WouldBlock),
-                _ => return Err(e.into()),
+            let cq = self
+                .inner
+                .events
+                .lock()
+                .unwrap()
+                .pop_front()
+                .ok_or(VerbsError::WouldBlock)?;
+            // An event of a CQ destroyed since is dropped, as rdma-core drops the unread events
+            // of a destroyed CQ.
+            if cq.take_event() {
+                return Ok(CompletionQueue {
+                    inner: cq,
+                    shared: self.shared.clone(),
+                });
             }
         }
-        let cq = self
-            .inner
-            .events
-            .lock()
-            .unwrap()
-            .pop_front()
-            .ok_or(VerbsError::WouldBlock)?;
-        Ok(CompletionQueue {
-            inner: cq,
-            shared: self.shared.clone(),
-        })
     }
 }

@@ -27,6 +27,8 @@ struct CqState {
     overrun: bool,
     /// Armed by `req_notify`: `Some(solicited_only)`.
     armed: Option<bool>,
+    /// Events `get_cq_event` returned (an event still queued on the channel is not counted: as
+    /// in rdma-core, destroying the CQ discards it instead of waiting for it).
     events_delivered: u64,
     events_acked: u64,
     destroyed: bool,
@@ -63,6 +65,17 @@ impl CqShared {
         }
     }
 
+    /// Counts an event `get_cq_event` took off the channel; false (the event is dropped) if
+    /// the CQ was destroyed meanwhile.
+    pub(crate) fn take_event(&self) -> bool {
+        let mut st = self.state();
+        if st.destroyed {
+            return false;
+        }
+        st.events_delivered += 1;
+        true
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, CqState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -86,7 +99,6 @@ impl CqShared {
             let fire = !solicited_only || c.solicited || c.status != WcStatus::Success;
             if fire {
                 st.armed = None;
-                st.events_delivered += 1;
                 drop(st);
                 if let Some(ch) = &self.channel {
                     ch.notify(self.clone());

@@ -1,13 +1,13 @@
 //! libibverbs: `ibv_*` over softrdma's Verbs API.
 
-mod ah;
+pub(crate) mod ah;
 mod async_event;
-mod context;
-mod cq;
+pub(crate) mod context;
+pub(crate) mod cq;
 mod cq_ex;
-mod device;
-mod pd;
-mod qp;
+pub(crate) mod device;
+pub(crate) mod pd;
+pub(crate) mod qp;
 mod qp_ex;
 mod srq;
 mod strings;

@@ -5,8 +5,8 @@
 use std::sync::Mutex;
 
 use softrdma::verbs::{
-    AccessFlags, Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendWqe, Sge,
-    UdSend, VerbsError,
+    AccessFlags, Mtu, ProtectionDomain, QpAttr, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
+    RecvWr, SendWqe, Sge, UdSend, VerbsError,
 };
 
 use super::context::Ctx;
@@ -56,6 +56,35 @@ fn create(
     qp_type_c: u32,
     sq_sig_all: bool,
 ) -> *mut ibv_qp {
+    create_with(
+        pd,
+        qp_context,
+        send_cq,
+        recv_cq,
+        srq,
+        cap,
+        qp_type_c,
+        sq_sig_all,
+        |pd, attr| pd.create_qp(attr).map_err(|e| e.errno()),
+    )
+}
+
+/// Like `create`, with the softrdma QP made by `make` (librdmacm's `rdma_create_qp` makes it
+/// through the connection manager, which then moves it through its states): checks the
+/// handles, makes the QP and wraps it as the `ibv_qp` programs use, with `cap` set to what
+/// was granted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn create_with(
+    pd: *mut ibv_pd,
+    qp_context: *mut libc::c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: &mut ibv_qp_cap,
+    qp_type_c: u32,
+    sq_sig_all: bool,
+    make: impl FnOnce(&ProtectionDomain, &QpInitAttr<'_>) -> Result<QueuePair, i32>,
+) -> *mut ibv_qp {
     // SAFETY: checked handles.
     let (Some(p), Some(scq), Some(rcq)) = (
         unsafe { Pd::from_c(pd) },
@@ -92,9 +121,9 @@ fn create(
         sq_sig_all,
         srq: srq_ref.map(|s| &s.rust),
     };
-    let rust = match p.rust.create_qp(&attr) {
+    let rust = match make(&p.rust, &attr) {
         Ok(q) => q,
-        Err(e) => return fail_null(e.errno()),
+        Err(e) => return fail_null(e),
     };
     let granted = rust.caps();
     cap.max_send_wr = granted.max_send_wr;
@@ -114,7 +143,10 @@ fn create(
     b.srq = srq;
     b.handle = rust.qp_num();
     b.qp_num = rust.qp_num();
-    b.state = IBV_QPS_RESET;
+    b.state = match rust.state() {
+        Ok(st) => st as u32,
+        Err(_) => IBV_QPS_RESET,
+    };
     b.qp_type = qp_type_c;
     super::qp_ex::fill_ops(&mut ibv);
     let qpn = rust.qp_num();

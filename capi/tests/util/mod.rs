@@ -51,8 +51,14 @@ pub fn wait(child: Child, what: &str, limit: Duration) -> Output {
     match rx.recv_timeout(limit.saturating_sub(start.elapsed())) {
         Ok(o) => o.expect("wait"),
         Err(_) => {
-            // SAFETY: kill on a pid we spawned.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // SAFETY: kill on a pid we spawned, and on its process group if it leads one (a
+            // program that `softrdma run` started is its child).
+            unsafe {
+                if libc::getpgid(pid as i32) == pid as i32 {
+                    libc::kill(-(pid as i32), libc::SIGKILL);
+                }
+                libc::kill(pid as i32, libc::SIGKILL)
+            };
             let o = rx.recv().expect("child output").expect("wait");
             panic!(
                 "{what} did not finish in {limit:?}\nstdout:\n{}\nstderr:\n{}",
@@ -93,12 +99,14 @@ pub fn have_headers() -> bool {
 }
 
 /// Compiles `tests/c/<name>.c` with the system's C compiler against the system headers,
-/// linked normally with `-libverbs -lrdmacm`; returns the executable.
+/// linked normally with `-libverbs -lrdmacm`; returns the executable. `name` may name a
+/// subdirectory (`seeds/seed000_verbs_send`); headers next to the source are found by
+/// `#include "..."`.
 pub fn compile_c(name: &str) -> PathBuf {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let dir = std::env::temp_dir().join(format!("softrdma-c-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
     let exe = dir.join(name);
+    std::fs::create_dir_all(exe.parent().expect("parent")).expect("temp dir");
     let o = Command::new("cc")
         .args(["-O1", "-Wall", "-I"])
         .arg(src.parent().expect("tests/c"))
