@@ -11,7 +11,7 @@
 #[allow(dead_code)]
 mod getopt;
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -26,8 +26,8 @@ use softrdma::verbs::{
 const WAIT: Duration = Duration::from_secs(60);
 
 struct Opts {
-    dst: Option<Ipv4Addr>,
-    src: Option<Ipv4Addr>,
+    dst: Option<IpAddr>,
+    src: Option<IpAddr>,
     connections: usize,
     count: usize,
     size: usize,
@@ -52,8 +52,8 @@ struct Test {
     disconnects_left: usize,
 }
 
-fn resolve(s: &str) -> Result<Ipv4Addr, String> {
-    getopt::ipv4_of(s).map_err(|e| format!("cmatose: {e}"))
+fn resolve(s: &str) -> Result<IpAddr, String> {
+    getopt::ip_of(s).map_err(|e| format!("cmatose: {e}"))
 }
 
 fn usage(name: &str) -> ! {
@@ -335,9 +335,12 @@ impl Test {
             .ch
             .create_id(PortSpace::Tcp)
             .map_err(|e| format!("cmatose: listen request failed: {e}"))?;
-        let bind = SocketAddrV4::new(self.o.src.unwrap_or(Ipv4Addr::UNSPECIFIED), self.o.port);
+        let bind = SocketAddr::new(
+            self.o.src.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            self.o.port,
+        );
         listen
-            .bind_addr(SocketAddr::V4(bind))
+            .bind_addr(bind)
             .map_err(|e| format!("cmatose: bind address failed: {e}"))?;
         listen
             .listen(0)
@@ -366,8 +369,8 @@ impl Test {
 
     fn run_client(&mut self) -> Result<(), String> {
         println!("cmatose: starting client");
-        let dst = SocketAddr::V4(SocketAddrV4::new(self.o.dst.expect("client"), self.o.port));
-        let src = self.o.src.map(|s| SocketAddr::V4(SocketAddrV4::new(s, 0)));
+        let dst = SocketAddr::new(self.o.dst.expect("client"), self.o.port);
+        let src = self.o.src.map(|s| SocketAddr::new(s, 0));
         println!("cmatose: connecting");
         for n in &self.nodes {
             n.id.as_ref()

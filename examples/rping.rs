@@ -14,7 +14,7 @@
 #[allow(dead_code)]
 mod getopt;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -606,17 +606,10 @@ fn param() -> ConnParam {
     }
 }
 
-fn v4(a: IpAddr, port: u16) -> Result<SocketAddr, String> {
-    match a {
-        IpAddr::V4(a) => Ok(SocketAddr::V4(SocketAddrV4::new(a, port))),
-        IpAddr::V6(_) => Err("IPv6 is not supported by softrdma yet".into()),
-    }
-}
-
 fn run_server(o: &Opts) -> Result<(), String> {
     let ch = EventChannel::new().map_err(|e| e.to_string())?;
     let listen = ch.create_id(PortSpace::Tcp).map_err(|e| e.to_string())?;
-    let bind = v4(o.addr.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), o.port)?;
+    let bind = SocketAddr::new(o.addr.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), o.port);
     listen
         .bind_addr(bind)
         .map_err(|e| format!("rdma_bind_addr: {e}"))?;
@@ -667,9 +660,13 @@ fn run_client(o: &Opts) -> Result<(), String> {
     let addr = o.addr.ok_or("rping -c needs -a addr")?;
     let ch = EventChannel::new().map_err(|e| e.to_string())?;
     let id = ch.create_id(PortSpace::Tcp).map_err(|e| e.to_string())?;
-    let src = o.src.map(|s| v4(s, 0)).transpose()?;
-    id.resolve_addr(src, v4(addr, o.port)?, Duration::from_millis(2000))
-        .map_err(|e| format!("rdma_resolve_addr: {e}"))?;
+    let src = o.src.map(|s| SocketAddr::new(s, 0));
+    id.resolve_addr(
+        src,
+        SocketAddr::new(addr, o.port),
+        Duration::from_millis(2000),
+    )
+    .map_err(|e| format!("rdma_resolve_addr: {e}"))?;
     for want in [EventType::AddrResolved, EventType::RouteResolved] {
         let ev = ch.get_cm_event().map_err(|e| e.to_string())?;
         if o.debug {

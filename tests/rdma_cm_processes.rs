@@ -208,3 +208,56 @@ fn seed_rdma_cm_server_and_client() {
         assert!(rest.contains(line), "server lacks {line:?}:\n{rest}");
     }
 }
+
+/// Whether `::1` can be bound (else the IPv6 test says so and returns).
+fn have_v6() -> bool {
+    let on = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+        .is_ok_and(|s| s.trim() == "0")
+        && std::net::UdpSocket::bind("[::1]:0").is_ok();
+    if !on {
+        eprintln!("no IPv6 loopback: skipped");
+    }
+    on
+}
+
+/// rping over `::1` between two processes; an rping server bound to `[::]` serving an IPv4
+/// client (as Linux's rdma_cm: the IPv6 wildcard takes IPv4 connections); udaddy (SIDR, UD)
+/// over `::1`.
+#[test]
+fn rping_and_udaddy_over_ipv6_between_two_processes() {
+    if !have_v6() {
+        return;
+    }
+    let base = 40000 + std::process::id() % 10000;
+    for (bind, dst, port) in [("::1", "::1", base), ("::", "127.0.0.1", base + 1)] {
+        let port = port.to_string();
+        let server = Server(Some(spawn(
+            "rping",
+            &["-s", "-a", bind, "-v", "-S", "3000", "-p", &port],
+        )));
+        let c = client(
+            "rping",
+            &[
+                "-c", "-a", dst, "-p", &port, "-C", "5", "-S", "3000", "-v", "-V",
+            ],
+        );
+        let s = server.finish("rping server");
+        let (ct, st) = (text(&c), text(&s));
+        assert!(s.status.success(), "rping server on {bind}: {st}");
+        assert_eq!(ct.matches("ping data: rdma-ping-").count(), 5, "{ct}");
+        assert_eq!(
+            st.matches("server ping data: rdma-ping-").count(),
+            5,
+            "{st}"
+        );
+        assert!(st.contains("server DISCONNECT EVENT"), "{st}");
+    }
+    let port = (base + 2).to_string();
+    let server = Server(Some(spawn("udaddy", &["-b", "::1", "-p", &port])));
+    let c = client("udaddy", &["-s", "::1", "-p", &port]);
+    let s = server.finish("udaddy server");
+    let (ct, st) = (text(&c), text(&s));
+    assert!(s.status.success(), "{st}");
+    assert!(ct.contains("return status 0"), "{ct}");
+    assert!(st.contains("data transfers complete"), "{st}");
+}

@@ -66,6 +66,11 @@ fn ibv_devinfo_shows_an_active_roce_port() {
 /// Runs `prog` as server and client (`extra` for both) and checks both report `iters`
 /// exchanges.
 fn pingpong(prog: &str, extra: &[&str], iters: u32) {
+    pingpong_gid(prog, extra, iters, 0)
+}
+
+/// [`pingpong`] over GID `gid` of the first device (`-g`); skipped if it has no such GID.
+fn pingpong_gid(prog: &str, extra: &[&str], iters: u32, gid: u32) {
     // The tools have no timeouts, and UC and UD lose a message for good if a datagram is lost,
     // which a shared device can do while other processes join and leave it: the pair gets a
     // network namespace of its own where it can, and pairs run one at a time otherwise.
@@ -76,9 +81,21 @@ fn pingpong(prog: &str, extra: &[&str], iters: u32) {
         eprintln!("skipped: {prog} is not installed");
         return;
     }
+    if gid > 0 {
+        let first = softrdma::devices().ok().and_then(|d| d.into_iter().next());
+        let len = first
+            .and_then(|d| d.open().ok())
+            .and_then(|c| c.query_port(1).ok())
+            .map_or(0, |p| p.gid_tbl_len);
+        if gid >= len {
+            eprintln!("skipped: the first device has no GID {gid} (no IPv6 address)");
+            return;
+        }
+    }
     let port = util::free_port().to_string();
     let n = iters.to_string();
-    let mut args = vec!["-g", "0", "-p", port.as_str(), "-n", n.as_str()];
+    let g = gid.to_string();
+    let mut args = vec!["-g", g.as_str(), "-p", port.as_str(), "-n", n.as_str()];
     args.extend_from_slice(extra);
     let server = run(prog, &args).spawn().unwrap();
     // The client retries its TCP connect until the server listens (as the tools do not).
@@ -105,6 +122,18 @@ fn pingpong(prog: &str, extra: &[&str], iters: u32) {
             "{prog} {who} did not report {iters} iterations: {}",
             text(o)
         );
+        // Over an IPv6 GID both ends show IPv6 GIDs (not IPv4-mapped ones).
+        if gid > 0 {
+            let gids: Vec<&str> = out.lines().filter_map(|l| l.split("GID ").nth(1)).collect();
+            assert!(
+                gids.len() == 2
+                    && gids
+                        .iter()
+                        .all(|g| g.contains(':') && !g.starts_with("::ffff:")),
+                "{prog} {who}: {}",
+                text(o)
+            );
+        }
     }
 }
 
@@ -137,6 +166,18 @@ fn ibv_uc_pingpong_events() {
 #[test]
 fn ibv_ud_pingpong() {
     pingpong("ibv_ud_pingpong", &["-s", "1024"], 500);
+}
+
+/// GID 2 is the first device's first IPv6 address (`::1` when the pair has a network
+/// namespace of its own): RoCEv2 over IPv6 through the C ABI.
+#[test]
+fn ibv_rc_pingpong_over_ipv6() {
+    pingpong_gid("ibv_rc_pingpong", &["-s", "4096"], 200, 2);
+}
+
+#[test]
+fn ibv_ud_pingpong_over_ipv6() {
+    pingpong_gid("ibv_ud_pingpong", &["-s", "1024"], 200, 2);
 }
 
 #[test]

@@ -94,3 +94,24 @@ pub fn ipv4_of(host: &str) -> Result<std::net::Ipv4Addr, String> {
         })
         .ok_or_else(|| format!("getaddrinfo error: no IPv4 address for {host}"))
 }
+
+/// The address of `host`: an IPv4 or IPv6 literal as it is, a name's first IPv4 address (else
+/// its first IPv6 one), as getaddrinfo's default order gives for these tools.
+#[allow(dead_code)]
+pub fn ip_of(host: &str) -> Result<std::net::IpAddr, String> {
+    if let Ok(a) = host.parse::<std::net::IpAddr>() {
+        return Ok(a);
+    }
+    match ipv4_of(host) {
+        Ok(a) => Ok(a.into()),
+        Err(e) => {
+            use std::net::ToSocketAddrs;
+            (host, 0)
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut it| it.next())
+                .map(|a| a.ip())
+                .ok_or(e)
+        }
+    }
+}

@@ -50,7 +50,7 @@
 //! `manager/timers.rs` retransmission, MRA and the clamps on timers a peer sets.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use super::mad::{self, attr, linux_tid, MadHdr, MAD_LEN};
@@ -90,6 +90,14 @@ impl MadAddr {
     pub fn gsi_v4(ip: Ipv4Addr) -> Self {
         MadAddr {
             gid: ipv4_to_gid(ip),
+            qpn: 1,
+        }
+    }
+
+    /// The GSI QP of the host with address `ip` (IPv4 or IPv6).
+    pub fn gsi(ip: IpAddr) -> Self {
+        MadAddr {
+            gid: crate::wire::gid::gid_from_ip(ip),
             qpn: 1,
         }
     }
@@ -173,6 +181,9 @@ pub struct ConnectParams {
     pub cm_response_timeout: u8,
     /// rdma_cm: 15 (`CMA_MAX_CM_RETRIES`).
     pub max_cm_retries: u8,
+    /// The primary path's local GID (the address the connection is made from); `None`: the
+    /// endpoint's ([`CmConfig::local_gid`]).
+    pub local_gid: Option<[u8; 16]>,
 }
 
 impl ConnectParams {
@@ -184,10 +195,34 @@ impl ConnectParams {
         local_qpn: u32,
         starting_psn: u32,
     ) -> Self {
+        ConnectParams {
+            local_gid: None,
+            ..Self::rdma_cm_tcp_ip(src.into(), dst.into(), local_qpn, starting_psn)
+        }
+    }
+
+    /// [`ConnectParams::rdma_cm_tcp`] for IPv4 or IPv6 (both addresses of one family): the
+    /// rdma_cm header of that family, the REQ's path from `src`'s GID to `dst`'s.
+    pub fn rdma_cm_tcp_ip(
+        src: SocketAddr,
+        dst: SocketAddr,
+        local_qpn: u32,
+        starting_psn: u32,
+    ) -> Self {
         let hash = (src.port() as u32) * 31 + dst.port() as u32;
+        let cma = match (src, dst.ip()) {
+            (SocketAddr::V6(s), IpAddr::V6(d)) => CmaHdr::v6(s, d),
+            (SocketAddr::V4(s), IpAddr::V4(d)) => CmaHdr::v4(s, d),
+            // Mixed families are the caller's mistake: the destination's family wins.
+            (s, IpAddr::V6(d)) => CmaHdr::v6(
+                std::net::SocketAddrV6::new(std::net::Ipv6Addr::UNSPECIFIED, s.port(), 0, 0),
+                d,
+            ),
+            (s, IpAddr::V4(d)) => CmaHdr::v4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, s.port()), d),
+        };
         ConnectParams {
             service_id: PortSpace::Tcp.service_id(dst.port()),
-            remote: MadAddr::gsi_v4(*dst.ip()),
+            remote: MadAddr::gsi(dst.ip()),
             local_qpn,
             starting_psn,
             responder_resources: 1,
@@ -197,7 +232,7 @@ impl ConnectParams {
             path_mtu: Mtu::Mtu1024,
             srq: false,
             flow_control: false,
-            cma: Some(CmaHdr::v4(src, *dst.ip())),
+            cma: Some(cma),
             private_data: Vec::new(),
             flow_label: hash & 0xf_ffff,
             hop_limit: 64,
@@ -205,6 +240,7 @@ impl ConnectParams {
             packet_life_time: 18,
             cm_response_timeout: 20,
             max_cm_retries: 15,
+            local_gid: Some(crate::wire::gid::gid_from_ip(src.ip())),
         }
     }
 }

@@ -7,14 +7,20 @@
 //!   whose sizes allow it form one UDP GSO message (`UDP_SEGMENT`: the kernel cuts it into the
 //!   datagrams again), and `sendmmsg` sends up to [`TX_MSGS`] messages in one system call.
 //!
-//! The ICRC covers the IPv4 Identification field. A datagram sent alone with DF set on an
+//! Datagrams go out through one of the endpoint's sockets (its IPv4 one or one per IPv6
+//! address): each message names its socket, and `sendmmsg` takes each run of messages of one
+//! socket.
+//!
+//! The ICRC covers the IPv4 Identification field (IPv6 has none). A datagram sent alone with DF set on an
 //! unconnected socket carries ID 0; the kernel numbers the segments of a GSO message from its
 //! ID, 0, 1, 2, … (`inet_gso_segment`), so segment `k` of a run is built with ID `k`
 //! ([`TxBatch::next_id`]).
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;
+
+use super::sockaddr::RawAddr;
 
 /// Receive messages per system call.
 pub(crate) const RX_MSGS: usize = 16;
@@ -36,16 +42,12 @@ const SOL_UDP: libc::c_int = 17;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    // SAFETY: sockaddr_in is a plain C struct; all-zero is valid.
-    let mut s: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    s.sin_family = libc::AF_INET as libc::sa_family_t;
-    s.sin_port = a.port().to_be();
-    s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-    s
-}
-
-fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+pub(crate) fn set_int(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int.
     let r = unsafe {
         libc::setsockopt(
@@ -74,28 +76,48 @@ pub(crate) fn gso_supported(fd: RawFd) -> bool {
     set_int(fd, SOL_UDP, UDP_SEGMENT, 0).is_ok()
 }
 
-/// Control-message room for one `int` (UDP_GRO / UDP_SEGMENT).
+/// Ask for the IPv6 header fields a UD receive's GRH shows and the socket hides: the traffic
+/// class and flow label (`IPV6_FLOWINFO`) and the hop limit (`IPV6_RECVHOPLIMIT`).
+pub(crate) fn enable_v6_header_info(fd: RawFd) {
+    let _ = set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO, 1);
+    let _ = set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1);
+}
+
+/// Control-message room for a few `int`s (UDP_GRO / UDP_SEGMENT, IPv6 flow info and hop limit).
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
-struct CmsgBuf([u8; 32]);
+struct CmsgBuf([u8; 128]);
+
+/// What a received datagram's control messages told about its IPv6 header (zero over IPv4).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(crate) struct RxInfo {
+    pub traffic_class: u8,
+    pub flow_label: u32,
+    /// 0 when the kernel did not say.
+    pub hop_limit: u8,
+}
 
 /// Receive buffers and the datagrams found in them.
 pub(crate) struct RxBatch {
     bufs: Box<[u8]>,
-    from: [libc::sockaddr_in; RX_MSGS],
+    from: [RawAddr; RX_MSGS],
     cmsg: [CmsgBuf; RX_MSGS],
+    info: [RxInfo; RX_MSGS],
     /// (offset in `bufs`, length, message index) of each datagram of the last receive.
     dgrams: Vec<(u32, u32, u8)>,
+    /// Messages the last receive got: fewer than [`RX_MSGS`] means the socket's queue ran empty.
+    msgs: usize,
 }
 
 impl RxBatch {
     pub fn new() -> RxBatch {
         RxBatch {
             bufs: vec![0u8; RX_MSGS * RX_SLOT].into_boxed_slice(),
-            // SAFETY: sockaddr_in is a plain C struct; all-zero is valid.
-            from: [unsafe { std::mem::zeroed() }; RX_MSGS],
-            cmsg: [CmsgBuf([0; 32]); RX_MSGS],
+            from: [RawAddr::zeroed(); RX_MSGS],
+            cmsg: [CmsgBuf([0; 128]); RX_MSGS],
+            info: [RxInfo::default(); RX_MSGS],
             dgrams: Vec::with_capacity(RX_MSGS * GSO_MAX_SEGS),
+            msgs: 0,
         }
     }
 
@@ -103,6 +125,7 @@ impl RxBatch {
     /// (0: nothing waits).
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         self.dgrams.clear();
+        self.msgs = 0;
         // SAFETY: plain C structs; all-zero is valid.
         let mut iov: [libc::iovec; RX_MSGS] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -113,14 +136,14 @@ impl RxBatch {
             let h = &mut m.msg_hdr;
             h.msg_iov = v;
             h.msg_iovlen = 1;
-            h.msg_name = &mut self.from[i] as *mut libc::sockaddr_in as *mut libc::c_void;
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_name = self.from[i].as_mut_ptr();
+            h.msg_namelen = RawAddr::CAPACITY;
             h.msg_control = self.cmsg[i].0.as_mut_ptr() as *mut libc::c_void;
             h.msg_controllen = std::mem::size_of::<CmsgBuf>() as _;
         }
         let n = loop {
             // SAFETY: every mmsghdr points at a live iovec over its own RX_SLOT bytes of
-            // `bufs`, its own sockaddr_in and its own control buffer; all outlive the call.
+            // `bufs`, its own address room and its own control buffer; all outlive the call.
             let n = unsafe {
                 libc::recvmmsg(
                     fd,
@@ -142,7 +165,9 @@ impl RxBatch {
         };
         for (i, m) in msgs.iter().enumerate().take(n) {
             let len = (m.msg_len as usize).min(RX_SLOT);
-            let seg = gro_size(&m.msg_hdr).filter(|s| *s > 0).unwrap_or(len);
+            let (gro, info) = control(&m.msg_hdr);
+            self.info[i] = info;
+            let seg = gro.filter(|s| *s > 0).unwrap_or(len);
             let base = i * RX_SLOT;
             let mut off = 0;
             while off < len {
@@ -154,35 +179,60 @@ impl RxBatch {
                 self.dgrams.push((base as u32, 0, i as u8));
             }
         }
+        self.msgs = n;
         Ok(self.dgrams.len())
     }
 
-    /// Datagram `i` of the last [`RxBatch::recv`]: its bytes and its sender.
-    pub fn get(&self, i: usize) -> (&[u8], SocketAddrV4) {
+    /// Whether the last [`RxBatch::recv`] emptied the socket's queue (it got fewer messages
+    /// than it had room for): another receive now would most likely find nothing.
+    pub fn drained(&self) -> bool {
+        self.msgs < RX_MSGS
+    }
+
+    /// Datagram `i` of the last [`RxBatch::recv`]: its bytes, its sender (`None`: a family
+    /// other than IPv4 and IPv6, never seen on these sockets) and its IPv6 header fields.
+    pub fn get(&self, i: usize) -> (&[u8], Option<SocketAddr>, RxInfo) {
         let (off, len, m) = self.dgrams[i];
-        let f = &self.from[m as usize];
-        let from = SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(f.sin_addr.s_addr)),
-            u16::from_be(f.sin_port),
-        );
-        (&self.bufs[off as usize..][..len as usize], from)
+        let from = self.from[m as usize].get();
+        (
+            &self.bufs[off as usize..][..len as usize],
+            from,
+            self.info[m as usize],
+        )
     }
 }
 
-/// The segment size of a coalesced message, from its `UDP_GRO` control message.
-fn gro_size(h: &libc::msghdr) -> Option<usize> {
+/// What a received message's control messages say: the segment size of a coalesced message
+/// (`UDP_GRO`) and the IPv6 header fields (`IPV6_FLOWINFO`, `IPV6_HOPLIMIT`).
+fn control(h: &libc::msghdr) -> (Option<usize>, RxInfo) {
+    let mut gro = None;
+    let mut info = RxInfo::default();
     // SAFETY: `h` is a msghdr recvmmsg filled in; the CMSG macros stay within msg_control.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
-            if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
-                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-                return usize::try_from(v).ok();
+            let data = libc::CMSG_DATA(c);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (SOL_UDP, UDP_GRO) => {
+                    let v = std::ptr::read_unaligned(data as *const libc::c_int);
+                    gro = usize::try_from(v).ok();
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO) => {
+                    // The first word of the IPv6 header without the version: big-endian.
+                    let v = u32::from_be(std::ptr::read_unaligned(data as *const u32));
+                    info.traffic_class = (v >> 20) as u8;
+                    info.flow_label = v & 0xf_ffff;
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                    let v = std::ptr::read_unaligned(data as *const libc::c_int);
+                    info.hop_limit = v as u8;
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    None
+    (gro, info)
 }
 
 /// A message being built: consecutive packets to one destination.
@@ -195,7 +245,10 @@ struct Run {
     bytes: usize,
     /// A packet shorter than `seg` ended the run.
     closed: bool,
-    to: libc::sockaddr_in,
+    /// The socket it goes out of (an index into the fds given to [`TxBatch::flush`]).
+    sock: u8,
+    to: SocketAddr,
+    raw_to: RawAddr,
     /// The destination QPN of every packet of the run.
     qpn: u32,
 }
@@ -206,9 +259,10 @@ pub(crate) struct TxBatch {
     used: usize,
     runs: [Run; TX_MSGS],
     n: usize,
-    /// Whether the socket takes `UDP_SEGMENT` (else every packet is its own message).
+    /// Whether the sockets take `UDP_SEGMENT` (else every packet is its own message).
     gso: bool,
-    /// The source address, for rebuilding ICRCs when GSO turns out not to work.
+    /// The IPv4 source address, for rebuilding ICRCs when GSO turns out not to work (an
+    /// IPv6 packet's ICRC does not depend on its place in a GSO message).
     local: Ipv4Addr,
 }
 
@@ -230,7 +284,9 @@ impl TxBatch {
                 count: 0,
                 bytes: 0,
                 closed: true,
-                to: sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+                sock: 0,
+                to: SocketAddr::from(([0, 0, 0, 0], 0)),
+                raw_to: RawAddr::zeroed(),
                 qpn: 0,
             }; TX_MSGS],
             n: 0,
@@ -250,39 +306,40 @@ impl TxBatch {
         &mut self.arena[self.used..][..SLOT]
     }
 
-    /// Whether the next packet, of `len` bytes to QP `qpn` at `to`, joins the last run. Only
-    /// packets to one QP share a GSO message: a message that stays whole up to the receiving
-    /// socket (loopback, veth) is steered to one sharer of the address by its first packet
-    /// (`driver::steer`), and QP1's packets are steered by their content, so they never share.
-    fn joins(&self, len: usize, to: &libc::sockaddr_in, qpn: u32) -> bool {
+    /// Whether the next packet, of `len` bytes to QP `qpn` at `to` out of socket `sock`, joins
+    /// the last run. Only packets to one QP share a GSO message: a message that stays whole up
+    /// to the receiving socket (loopback, veth) is steered to one sharer of the address by its
+    /// first packet (`driver::steer`), and QP1's packets are steered by their content, so they
+    /// never share.
+    fn joins(&self, len: usize, sock: u8, to: SocketAddr, qpn: u32) -> bool {
         if !self.gso || self.n == 0 || qpn >> 16 == 0 {
             return false;
         }
         let r = &self.runs[self.n - 1];
         !r.closed
             && r.qpn == qpn
-            && r.to.sin_addr.s_addr == to.sin_addr.s_addr
-            && r.to.sin_port == to.sin_port
+            && r.sock == sock
+            && r.to == to
             && len <= r.seg
             && r.count < GSO_MAX_SEGS
             && r.bytes + len <= GSO_MAX_BYTES
     }
 
-    /// The IPv4 ID the kernel will give the next packet, of `len` bytes to QP `qpn` at `to`:
-    /// its index in its GSO message (0 alone). Build its ICRC with it, then
-    /// [`TxBatch::push`] it.
-    pub fn next_id(&self, len: usize, to: SocketAddrV4, qpn: u32) -> u16 {
-        if self.joins(len, &sockaddr(to), qpn) {
+    /// The IPv4 ID the kernel will give the next packet, of `len` bytes to QP `qpn` at `to`
+    /// out of socket `sock`: its index in its GSO message (0 alone). Build its ICRC with it,
+    /// then [`TxBatch::push`] it.
+    pub fn next_id(&self, len: usize, sock: u8, to: SocketAddr, qpn: u32) -> u16 {
+        if self.joins(len, sock, to, qpn) {
             self.runs[self.n - 1].count as u16
         } else {
             0
         }
     }
 
-    /// Queue the first `len` bytes of [`TxBatch::next_buf`], a packet to QP `qpn`, for `to`.
-    pub fn push(&mut self, len: usize, to: SocketAddrV4, qpn: u32) {
-        let to = sockaddr(to);
-        if self.joins(len, &to, qpn) {
+    /// Queue the first `len` bytes of [`TxBatch::next_buf`], a packet to QP `qpn`, for `to`
+    /// out of socket `sock`.
+    pub fn push(&mut self, len: usize, sock: u8, to: SocketAddr, qpn: u32) {
+        if self.joins(len, sock, to, qpn) {
             let r = &mut self.runs[self.n - 1];
             r.count += 1;
             r.bytes += len;
@@ -294,7 +351,9 @@ impl TxBatch {
                 count: 1,
                 bytes: len,
                 closed: false,
+                sock,
                 to,
+                raw_to: RawAddr::new(to),
                 qpn,
             };
             self.n += 1;
@@ -302,19 +361,30 @@ impl TxBatch {
         self.used += len;
     }
 
-    /// Send everything queued. A full socket buffer is waited out (the packets are not lost
-    /// to a retransmission timeout); a message the kernel refuses (unreachable) is dropped.
-    pub fn flush(&mut self, fd: RawFd) -> Sent {
+    /// Send everything queued, each message out of its socket (`fds[sock]`). A full socket
+    /// buffer is waited out (the packets are not lost to a retransmission timeout); a message
+    /// the kernel refuses (unreachable) is dropped.
+    pub fn flush(&mut self, fds: &[RawFd]) -> Sent {
         let mut out = Sent::default();
         let mut done = 0;
         let mut waits = 0;
         while done < self.n {
+            let sock = self.runs[done].sock;
+            let Some(&fd) = fds.get(sock as usize) else {
+                out.dropped += self.runs[done].count as u64;
+                done += 1;
+                continue;
+            };
             // SAFETY: plain C structs; all-zero is valid.
             let mut iov: [libc::iovec; TX_MSGS] = unsafe { std::mem::zeroed() };
             // SAFETY: as above.
             let mut msgs: [libc::mmsghdr; TX_MSGS] = unsafe { std::mem::zeroed() };
-            let mut cmsg = [CmsgBuf([0; 32]); TX_MSGS];
-            let count = self.n - done;
+            let mut cmsg = [CmsgBuf([0; 128]); TX_MSGS];
+            // The messages of one socket, from `done` on.
+            let count = self.runs[done..self.n]
+                .iter()
+                .take_while(|r| r.sock == sock)
+                .count();
             for k in 0..count {
                 let r = &mut self.runs[done + k];
                 iov[k].iov_base = self.arena[r.start..].as_mut_ptr() as *mut libc::c_void;
@@ -322,8 +392,8 @@ impl TxBatch {
                 let h = &mut msgs[k].msg_hdr;
                 h.msg_iov = &mut iov[k];
                 h.msg_iovlen = 1;
-                h.msg_name = &mut r.to as *mut libc::sockaddr_in as *mut libc::c_void;
-                h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                h.msg_namelen = r.raw_to.len();
+                h.msg_name = r.raw_to.as_mut_ptr();
                 if r.count > 1 {
                     h.msg_control = cmsg[k].0.as_mut_ptr() as *mut libc::c_void;
                     // SAFETY: CMSG_SPACE is a pure computation.
@@ -339,7 +409,7 @@ impl TxBatch {
                 }
             }
             // SAFETY: the first `count` mmsghdrs point at live iovecs over queued bytes of
-            // `arena`, their sockaddr_in in `runs` and their control buffers in `cmsg`; all
+            // `arena`, their addresses in `runs` and their control buffers in `cmsg`; all
             // outlive the call.
             let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), count as libc::c_uint, 0) };
             if r > 0 {
@@ -386,37 +456,36 @@ impl TxBatch {
     /// Send run `i` as separate datagrams (each then carries IP ID 0).
     fn send_one_by_one(&mut self, fd: RawFd, i: usize) -> (u64, u64) {
         use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
-        let r = self.runs[i];
-        let to = SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(r.to.sin_addr.s_addr)),
-            u16::from_be(r.to.sin_port),
-        );
+        let mut r = self.runs[i];
         let (mut sent, mut dropped) = (0, 0);
         let mut off = r.start;
         let end = r.start + r.bytes;
         while off < end {
             let len = r.seg.min(end - off);
             let pkt = &mut self.arena[off..off + len];
-            let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
-            Ipv4Udp::new(
-                self.local,
-                crate::wire::ROCE_V2_PORT,
-                *to.ip(),
-                to.port(),
-                len,
-            )
-            .emit(&mut hdr);
-            crate::wire::icrc::fill_v4(&hdr, pkt);
-            let sa = r.to;
-            // SAFETY: sendto reads `len` bytes of the arena and a live sockaddr_in.
+            if let SocketAddr::V4(to) = r.to {
+                let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
+                Ipv4Udp::new(
+                    self.local,
+                    crate::wire::ROCE_V2_PORT,
+                    *to.ip(),
+                    to.port(),
+                    len,
+                )
+                .emit(&mut hdr);
+                crate::wire::icrc::fill_v4(&hdr, pkt);
+            }
+            let namelen = r.raw_to.len();
+            // SAFETY: sendto reads `len` bytes of the arena and a live address of `namelen`
+            // bytes.
             let n = unsafe {
                 libc::sendto(
                     fd,
                     pkt.as_ptr() as *const libc::c_void,
                     len,
                     0,
-                    &sa as *const libc::sockaddr_in as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    r.raw_to.as_mut_ptr() as *const libc::sockaddr,
+                    namelen,
                 )
             };
             if n < 0 {

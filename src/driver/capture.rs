@@ -9,12 +9,13 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufWriter;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::SystemTime;
 
 use crate::wire::ipv4::{IPV4_LEN, UDP_LEN};
+use crate::wire::ipv6::IPV6_LEN;
 use crate::wire::pcap::PcapWriter;
 
 struct Writer {
@@ -22,13 +23,14 @@ struct Writer {
     /// The first write error stops the capture (the transport goes on).
     failed: bool,
     /// Local addresses of the contexts sharing this file.
-    locals: Vec<Ipv4Addr>,
+    locals: Vec<IpAddr>,
 }
 
 /// One context's handle on a (possibly shared) capture file.
 pub(crate) struct Capture {
     w: Arc<Mutex<Writer>>,
-    local: Ipv4Addr,
+    /// The context's addresses.
+    local: Vec<IpAddr>,
 }
 
 fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<Mutex<Writer>>>> {
@@ -37,7 +39,7 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<Mutex<Writer>>>> {
 }
 
 impl Capture {
-    pub fn open(path: &Path, local: Ipv4Addr) -> std::io::Result<Capture> {
+    pub fn open(path: &Path, local: &[IpAddr]) -> std::io::Result<Capture> {
         let key = if path.is_absolute() {
             path.to_path_buf()
         } else {
@@ -62,30 +64,50 @@ impl Capture {
         w.lock()
             .unwrap_or_else(|p| p.into_inner())
             .locals
-            .push(local);
-        Ok(Capture { w, local })
+            .extend_from_slice(local);
+        Ok(Capture {
+            w,
+            local: local.to_vec(),
+        })
     }
 
     /// Record one datagram: its IPv4+UDP header and UDP payload. `received`: it came from the
     /// socket (skipped if its sender records into the same file).
     pub fn record(&mut self, ip_udp: &[u8; IPV4_LEN + UDP_LEN], payload: &[u8], received: bool) {
+        let src = Ipv4Addr::new(ip_udp[12], ip_udp[13], ip_udp[14], ip_udp[15]);
+        self.write(IpAddr::V4(src), received, |w| {
+            w.write_roce(SystemTime::now(), ip_udp, payload)
+        });
+    }
+
+    /// [`Capture::record`] for a datagram over IPv6.
+    pub fn record_v6(&mut self, ip_udp: &[u8; IPV6_LEN + UDP_LEN], payload: &[u8], received: bool) {
+        let mut src = [0u8; 16];
+        src.copy_from_slice(&ip_udp[8..24]);
+        self.write(IpAddr::V6(Ipv6Addr::from(src)), received, |w| {
+            // The checksum the kernel puts on the wire (the engine leaves it 0: the ICRC masks
+            // it), so that the capture shows valid UDP.
+            let mut h = *ip_udp;
+            let c = crate::wire::ipv6::udp_checksum(&h, payload);
+            h[IPV6_LEN + 6..].copy_from_slice(&c.to_be_bytes());
+            w.write_roce_v6(SystemTime::now(), &h, payload)
+        });
+    }
+
+    fn write(
+        &mut self,
+        src: IpAddr,
+        received: bool,
+        f: impl FnOnce(&mut PcapWriter<BufWriter<File>>) -> std::io::Result<()>,
+    ) {
         let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
-        if w.failed {
+        if w.failed || (received && w.locals.contains(&src)) {
             return;
-        }
-        if received {
-            let src = Ipv4Addr::new(ip_udp[12], ip_udp[13], ip_udp[14], ip_udp[15]);
-            if w.locals.contains(&src) {
-                return;
-            }
         }
         // Flushed at once: a datagram is in the file before it is on the wire, so a capture
         // is complete whenever the peer has seen the traffic (captures are for debugging; the
         // extra write per packet is fine there).
-        let r = w
-            .out
-            .write_roce(SystemTime::now(), ip_udp, payload)
-            .and_then(|_| w.out.flush());
+        let r = f(&mut w.out).and_then(|_| w.out.flush());
         if r.is_err() {
             w.failed = true;
         }
@@ -95,8 +117,10 @@ impl Capture {
 impl Drop for Capture {
     fn drop(&mut self) {
         let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = w.locals.iter().position(|a| *a == self.local) {
-            w.locals.swap_remove(i);
+        for a in &self.local {
+            if let Some(i) = w.locals.iter().position(|l| l == a) {
+                w.locals.swap_remove(i);
+            }
         }
         let _ = w.out.flush();
     }

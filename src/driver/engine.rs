@@ -2,28 +2,31 @@
 //! timers, and hands their completions to the CQs. Buffers are reused: no allocation per packet.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::batch::{RxBatch, TxBatch};
+use super::batch::{RxBatch, RxInfo, TxBatch};
 use super::capture::Capture;
 use super::probe;
 use super::socket::Io;
+use super::tx::Tx;
 use crate::rdma_cm::core::{CmaCore, ModifyQp};
-use crate::transport::ud::{net_header_v4, UdQp};
+use crate::transport::ud::{net_header_v4, NetHeader, UdQp};
 use crate::transport::{AddressVector, CqSide, QpAttr, QpState, RcQp, UcQp};
-use crate::verbs::{
-    guid_from_ipv4, ipv4_from_gid, AsyncEvent, AsyncQueue, CqShared, MrTable, SrqShared, VerbsError,
-};
+use crate::verbs::{AsyncEvent, AsyncQueue, CqShared, MrTable, SrqShared, VerbsError};
+use crate::wire::gid::{gid_from_ip, gid_to_ip};
 use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
+use crate::wire::ipv6::{Ipv6Udp, IPV6_LEN};
 use crate::wire::packet::possible_len;
 use crate::wire::{icrc, Packet, ROCE_V2_PORT};
 
 /// Datagrams handled per receive burst before timers and transmission get a turn.
 const RX_BURST: usize = 64;
+/// At most this many datagrams that emptied the socket's queue end its receive at once.
+const LATENCY_BURST: usize = 2;
 /// First QPN handed out within a slot's range, as rxe's first (0 and 1 are the special QPs).
 const FIRST_QPN: u32 = 0x11;
 /// QPNs of one slot: the low 16 bits (the top 8 are the slot, see `driver::share`).
@@ -57,6 +60,8 @@ pub struct Stats {
     /// Datagrams accepted with any other IP ID: a source's first packet or a jump after a pause;
     /// a steady stream of these is corruption or forgery getting through at 2^-16.
     pub rx_icrc_solved: u64,
+    /// Datagrams over IPv6 whose ICRC matched (IPv6 has no IP ID: nothing is guessed).
+    pub rx_icrc_v6: u64,
     pub rx_malformed: u64,
     pub rx_unknown_qp: u64,
     /// Packets to the GSI QP1 (connection management), handed to the rdma_cm core.
@@ -148,38 +153,40 @@ pub(crate) struct Engine {
     pub cma: CmaCore,
     /// A GSI packet or a CM timer made work for `flush_cma`.
     cma_pending: bool,
-    /// Answers to probes of the shared address's layout, sent after the receive burst.
-    probe_answers: Vec<(SocketAddrV4, [u8; probe::PROBE_LEN])>,
-    /// A datagram for another context's QPN arrived: the steering is stale.
-    misrouted: bool,
+    /// Answers to probes of the shared addresses' layout, sent after the receive burst out of
+    /// the socket that got the probe.
+    probe_answers: Vec<(usize, SocketAddr, [u8; probe::PROBE_LEN])>,
+    /// Datagrams for another context's QPN arrived on these sockets (bit `k`: socket `k`):
+    /// their steering is stale.
+    misrouted: u32,
+    /// Room for polling the sockets (see [`readable`]).
+    pollfds: Vec<libc::pollfd>,
 }
 
 impl Engine {
-    /// `gso`: the socket takes `UDP_SEGMENT` (see [`super::batch`]).
-    pub fn new(
-        capture: Option<PathBuf>,
-        local: Ipv4Addr,
-        slot: u8,
-        gso: bool,
-    ) -> Result<Engine, VerbsError> {
+    /// The engine of the endpoint `io` (its addresses, slot and GSO support).
+    pub fn new(capture: Option<PathBuf>, io: &Io, node_guid: u64) -> Result<Engine, VerbsError> {
+        let locals: Vec<IpAddr> = io.socks.iter().map(|s| s.local.ip()).collect();
         let capture = match capture {
-            Some(p) => Some(Capture::open(&p, local)?),
+            Some(p) => Some(Capture::open(&p, &locals)?),
             None => None,
         };
+        let v4 = io.local_v4().unwrap_or(Ipv4Addr::UNSPECIFIED);
         Ok(Engine {
             qps: HashMap::new(),
-            slot,
+            slot: io.slot(),
             next_qpn: first_qpn(),
             rx: RxBatch::new(),
-            tx: TxBatch::new(gso, local),
+            tx: TxBatch::new(io.gso, v4),
             dirty: Vec::with_capacity(64),
             capture,
             stats: Stats::default(),
             icrc_gate: icrc::IcrcGate::new(),
-            cma: CmaCore::new(local, guid_from_ipv4(local), slot),
+            cma: CmaCore::new(v4, node_guid, io.slot()),
             cma_pending: false,
             probe_answers: Vec::with_capacity(8),
-            misrouted: false,
+            misrouted: 0,
+            pollfds: Vec::with_capacity(io.fds.len()),
         })
     }
 
@@ -229,35 +236,41 @@ impl Engine {
     }
 
     /// One round: receive what is waiting, fire due timers, transmit and complete.
-    pub fn drive(
-        &mut self,
-        io: &Io,
-        mrs: &MrTable,
-        events: &AsyncQueue,
-        local: Ipv4Addr,
-        now: Instant,
-    ) {
+    pub fn drive(&mut self, io: &Io, mrs: &MrTable, events: &AsyncQueue, now: Instant) {
         self.dirty.clear();
-        let fd = io.socket.as_raw_fd();
-        let mut received = 0;
-        while received < RX_BURST {
-            // Errors (ICMP port unreachable surfaces here) end the burst; the transport's
-            // timers handle what was lost.
-            let n = match self.rx.recv(fd) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            for i in 0..n {
-                self.on_datagram(i, mrs, local, now);
+        let ready = readable(&io.fds, &mut self.pollfds);
+        for (k, sock) in io.socks.iter().enumerate() {
+            if ready & (1 << k.min(31)) == 0 {
+                continue;
             }
-            received += n;
+            let fd = sock.socket.as_raw_fd();
+            let mut received = 0;
+            while received < RX_BURST {
+                // Errors (ICMP port unreachable surfaces here) end the burst; the transport's
+                // timers handle what was lost.
+                let n = match self.rx.recv(fd) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                for i in 0..n {
+                    self.on_datagram(i, k, sock.local, mrs, now);
+                }
+                received += n;
+                // A datagram or two that emptied the queue is a ping-pong's: answer now rather
+                // than pay a receive that would find nothing. (A stream is read until the queue
+                // stays empty, so that its ACKs coalesce.)
+                if self.rx.drained() && received <= LATENCY_BURST {
+                    break;
+                }
+            }
         }
-        for (to, a) in self.probe_answers.drain(..) {
-            let _ = io.socket.send_to(&a, to);
+        for (k, to, a) in self.probe_answers.drain(..) {
+            let _ = io.socks[k].socket.send_to(&a, to);
         }
-        if std::mem::take(&mut self.misrouted) {
+        let misrouted = std::mem::take(&mut self.misrouted);
+        if misrouted != 0 {
             io.misrouted
-                .store(true, std::sync::atomic::Ordering::Release);
+                .fetch_or(misrouted, std::sync::atomic::Ordering::AcqRel);
             io.wake();
         }
         for (qpn, slot) in self.qps.iter_mut() {
@@ -274,24 +287,17 @@ impl Engine {
         }
         if self.cma_pending || crate::rdma_cm::core::sweep_due(&self.cma) {
             self.cma_pending = false;
-            self.flush_cma(io, local, now);
+            self.flush_cma(io, now);
         }
-        self.flush_dirty(io, mrs, events, local, now);
+        self.flush_dirty(io, mrs, events, now);
     }
 
     /// Flush every QP that received, timed out or changed state; report a QP the transport
     /// moved to ERR as `IBV_EVENT_QP_FATAL`.
-    pub fn flush_dirty(
-        &mut self,
-        io: &Io,
-        mrs: &MrTable,
-        events: &AsyncQueue,
-        local: Ipv4Addr,
-        now: Instant,
-    ) {
+    pub fn flush_dirty(&mut self, io: &Io, mrs: &MrTable, events: &AsyncQueue, now: Instant) {
         let mut dirty = std::mem::take(&mut self.dirty);
         for &qpn in &dirty {
-            self.flush_qp(qpn, io, mrs, local, now);
+            self.flush_qp(qpn, io, mrs, now);
             if let Some(slot) = self.qps.get_mut(&qpn) {
                 let st = slot.qp.state();
                 if st == QpState::Err && slot.last_state != QpState::Err {
@@ -305,16 +311,20 @@ impl Engine {
         self.dirty = dirty;
     }
 
-    /// Datagram `i` of the last receive batch.
-    fn on_datagram(&mut self, i: usize, mrs: &MrTable, local: Ipv4Addr, now: Instant) {
+    /// Datagram `i` of the last receive batch, from socket `k` (bound to `local`).
+    fn on_datagram(&mut self, i: usize, k: usize, local: SocketAddr, mrs: &MrTable, now: Instant) {
         self.stats.rx_packets += 1;
-        let (data, from) = self.rx.get(i);
+        let (data, from, info) = self.rx.get(i);
+        let Some(from) = from else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
         let n = data.len();
         // A probe of the shared address's layout (`driver::probe`), from a context on it.
         if let Some((index, nonce)) = probe::parse(data) {
-            if *from.ip() == local && self.probe_answers.len() < self.probe_answers.capacity() {
+            if from.ip() == local.ip() && self.probe_answers.len() < self.probe_answers.capacity() {
                 self.probe_answers
-                    .push((from, probe::answer(index, self.slot, nonce)));
+                    .push((k, from, probe::answer(index, self.slot, nonce)));
             }
             return;
         }
@@ -323,26 +333,51 @@ impl Engine {
             self.stats.rx_bad_length += 1;
             return;
         }
-        let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
-        Ipv4Udp::new(*from.ip(), from.port(), local, ROCE_V2_PORT, n).emit(&mut hdr);
-        // The socket does not show the sender's IP ID, which the ICRC covers: recover it.
-        let icrc = self.icrc_gate.check_v4(&mut hdr, data);
-        if let Some(c) = &mut self.capture {
-            c.record(&hdr, data, true);
-        }
-        match icrc {
-            Ok((_, icrc::Accepted::Id0)) => self.stats.rx_icrc_id0 += 1,
-            Ok((_, icrc::Accepted::Predicted)) => self.stats.rx_icrc_predicted += 1,
-            Ok((_, icrc::Accepted::Solved)) => self.stats.rx_icrc_solved += 1,
-            Err(icrc::Rejected::Length) => {
-                self.stats.rx_bad_length += 1;
+        // The network header as it arrived, as far as the ICRC covers it (and the UD GRH shows
+        // it): the IPv4 ID, which the socket hides, is recovered by the ICRC check.
+        let net = match (from, local) {
+            (SocketAddr::V4(f), SocketAddr::V4(l)) => {
+                let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
+                Ipv4Udp::new(*f.ip(), f.port(), *l.ip(), ROCE_V2_PORT, n).emit(&mut hdr);
+                let icrc = self.icrc_gate.check_v4(&mut hdr, data);
+                if let Some(c) = &mut self.capture {
+                    c.record(&hdr, data, true);
+                }
+                match icrc {
+                    Ok((_, icrc::Accepted::Id0)) => self.stats.rx_icrc_id0 += 1,
+                    Ok((_, icrc::Accepted::Predicted)) => self.stats.rx_icrc_predicted += 1,
+                    Ok((_, icrc::Accepted::Solved)) => self.stats.rx_icrc_solved += 1,
+                    Err(icrc::Rejected::Length) => {
+                        self.stats.rx_bad_length += 1;
+                        return;
+                    }
+                    Err(icrc::Rejected::Icrc) => {
+                        self.stats.rx_bad_icrc += 1;
+                        return;
+                    }
+                }
+                net_header_v4(&hdr)
+            }
+            (SocketAddr::V6(f), SocketAddr::V6(l)) => {
+                let hdr = v6_header(*f.ip(), f.port(), *l.ip(), n, info);
+                if let Some(c) = &mut self.capture {
+                    c.record_v6(&hdr, data, true);
+                }
+                if icrc::verify_v6(&hdr, data).is_err() {
+                    self.stats.rx_bad_icrc += 1;
+                    return;
+                }
+                self.stats.rx_icrc_v6 += 1;
+                let mut h = [0u8; IPV6_LEN];
+                h.copy_from_slice(&hdr[..IPV6_LEN]);
+                Some(NetHeader::V6(h))
+            }
+            // A socket gets datagrams of its own family only (IPv6 ones are IPv6-only).
+            _ => {
+                self.stats.rx_malformed += 1;
                 return;
             }
-            Err(icrc::Rejected::Icrc) => {
-                self.stats.rx_bad_icrc += 1;
-                return;
-            }
-        }
+        };
         let pkt = match Packet::parse(data) {
             Ok(p) => p,
             Err(_) => {
@@ -354,7 +389,8 @@ impl Engine {
         if qpn == GSI_QPN {
             // GSI: connection management MADs go to the rdma_cm core, never to an app QP.
             self.stats.rx_gsi += 1;
-            self.cma.on_gsi_packet(now, *from.ip(), &pkt);
+            self.cma
+                .on_gsi_packet(now, gid_from_ip(from.ip()), gid_from_ip(local.ip()), &pkt);
             self.cma_pending = true;
             return;
         }
@@ -363,7 +399,7 @@ impl Engine {
             // Another context's QPN (its slot in the top byte) reached this socket.
             let owner = (qpn >> 16) as u8;
             if owner != 0 && owner != self.slot {
-                self.misrouted = true;
+                self.misrouted |= 1 << k.min(31);
             }
             return;
         };
@@ -374,7 +410,7 @@ impl Engine {
             QpTransport::Rc(rc) => {
                 // A connected QP takes packets from its peer only: anyone can send to UDP 4791,
                 // and a forged packet must neither land in memory nor disturb the PSN sequence.
-                if !from_peer(rc.destination(), *from.ip()) {
+                if !from_peer(rc.destination(), from.ip()) {
                     self.stats.rx_bad_source += 1;
                     return;
                 }
@@ -385,7 +421,7 @@ impl Engine {
             }
             QpTransport::Uc(uc) => {
                 // Connected too: the same rule as RC (rxe's `check_addr` covers RC and UC).
-                if !from_peer(uc.destination(), *from.ip()) {
+                if !from_peer(uc.destination(), from.ip()) {
                     self.stats.rx_bad_source += 1;
                     return;
                 }
@@ -395,8 +431,8 @@ impl Engine {
                 }
             }
             QpTransport::Ud(ud) => {
-                // The IPv4 header as it arrived (IP ID recovered by the ICRC check above).
-                let Some(net) = net_header_v4(&hdr) else {
+                // The network header as it arrived, for the GRH area.
+                let Some(net) = net else {
                     self.stats.rx_malformed += 1;
                     return;
                 };
@@ -415,21 +451,20 @@ impl Engine {
     }
 
     /// Send everything the QP has to send, and move its completions to the CQs.
-    pub fn flush_qp(&mut self, qpn: u32, io: &Io, mrs: &MrTable, local: Ipv4Addr, now: Instant) {
+    pub fn flush_qp(&mut self, qpn: u32, io: &Io, mrs: &MrTable, now: Instant) {
         let Some(slot) = self.qps.get_mut(&qpn) else {
             return;
         };
         let mem = mrs.for_pd(slot.pd);
         let mut out = Tx {
-            fd: io.socket.as_raw_fd(),
-            local,
+            fds: &io.fds,
             capture: &mut self.capture,
             stats: &mut self.stats,
             batch: &mut self.tx,
         };
         match &mut slot.qp {
             QpTransport::Rc(rc) => {
-                let dst = rc.destination().and_then(|av| ipv4_from_gid(&av.dgid));
+                let dst = rc.destination().and_then(|av| io.gids.route(&av));
                 while let Some(len) = rc.poll_transmit(now, &mem, out.buf()) {
                     out.commit(len, dst);
                 }
@@ -441,7 +476,7 @@ impl Engine {
                 }
             }
             QpTransport::Uc(uc) => {
-                let dst = uc.destination().and_then(|av| ipv4_from_gid(&av.dgid));
+                let dst = uc.destination().and_then(|av| io.gids.route(&av));
                 while let Some(len) = uc.poll_transmit(&mem, out.buf()) {
                     out.commit(len, dst);
                 }
@@ -453,9 +488,9 @@ impl Engine {
                 }
             }
             QpTransport::Ud(ud) => {
-                // Each UD packet goes to the IPv4 address of its own work request's AH.
+                // Each UD packet goes to the address of its own work request's AH.
                 while let Some(t) = ud.poll_transmit(&mem, out.buf()) {
-                    out.commit(t.len, ipv4_from_gid(&t.av.dgid));
+                    out.commit(t.len, io.gids.route(&t.av));
                 }
                 while let Some(c) = ud.poll_completion() {
                     match c.wc.side {
@@ -500,83 +535,81 @@ impl Engine {
     }
 
     /// Deliver the CM's events (moving QPs as they say) and send its MADs.
-    pub fn flush_cma(&mut self, io: &Io, local: Ipv4Addr, now: Instant) {
+    pub fn flush_cma(&mut self, io: &Io, now: Instant) {
         self.with_cma(now, |core, modify, now| core.process(now, modify));
         let mut out = Tx {
-            fd: io.socket.as_raw_fd(),
-            local,
+            fds: &io.fds,
             capture: &mut self.capture,
             stats: &mut self.stats,
             batch: &mut self.tx,
         };
-        while let Some((dst, pkt)) = self.cma.poll_transmit() {
-            let Some(buf) = out.buf().get_mut(..pkt.len()) else {
+        while let Some(g) = self.cma.poll_transmit() {
+            let Some(buf) = out.buf().get_mut(..g.packet.len()) else {
                 continue;
             };
-            buf.copy_from_slice(&pkt);
-            out.commit(pkt.len(), Some(dst));
+            buf.copy_from_slice(&g.packet);
+            // From the address the peer talks to, else the first of its family.
+            let sgid = g.from.and_then(|f| io.gids.index_of(&f)).unwrap_or(0);
+            out.commit(g.packet.len(), io.gids.route_gid(&g.to, sgid as u8));
         }
         out.flush();
     }
 }
 
-/// Whether `src` is the IPv4 address of a connected (RC or UC) QP's peer, given the QP's
+/// Which of the sockets `fds` have something to read (bit `k`: `fds[k]`; a socket past 31
+/// shares bit 31), without waiting. One socket is simply read (a receive that finds nothing
+/// costs what this check would); several are checked with one `poll`, so an endpoint with
+/// IPv4 and IPv6 sockets pays one system call, not one per socket, when nothing came.
+fn readable(fds: &[RawFd], pollfds: &mut Vec<libc::pollfd>) -> u32 {
+    if fds.len() <= 1 {
+        return u32::MAX;
+    }
+    pollfds.clear();
+    pollfds.extend(fds.iter().map(|&fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }));
+    // SAFETY: `pollfds` is a live array of `pollfds.len()` pollfd structures.
+    let n = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, 0) };
+    if n < 0 {
+        // Interrupted, say: read them all.
+        return u32::MAX;
+    }
+    pollfds
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.revents != 0)
+        .fold(0, |m, (k, _)| m | 1 << k.min(31))
+}
+
+/// Whether `src` is the IP address of a connected (RC or UC) QP's peer, given the QP's
 /// address vector (no peer before RTR: nothing is).
-fn from_peer(dest: Option<AddressVector>, src: Ipv4Addr) -> bool {
-    dest.and_then(|av| ipv4_from_gid(&av.dgid))
-        .is_some_and(|peer| peer == src)
+fn from_peer(dest: Option<AddressVector>, src: IpAddr) -> bool {
+    dest.is_some_and(|av| gid_to_ip(&av.dgid) == src)
 }
 
-/// Where [`Engine::flush_qp`] sends: a batch for the socket, the capture, the counters.
-struct Tx<'a> {
-    fd: RawFd,
-    local: Ipv4Addr,
-    capture: &'a mut Option<Capture>,
-    stats: &'a mut Stats,
-    batch: &'a mut TxBatch,
-}
-
-impl Tx<'_> {
-    /// The buffer to build the next packet in (BTH to ICRC); sends the batch first if full.
-    fn buf(&mut self) -> &mut [u8] {
-        if self.batch.is_full() {
-            self.flush();
-        }
-        self.batch.next_buf()
+/// The IPv6 and UDP headers of a datagram received from `src`:`src_port` on `local`, `len`
+/// bytes of UDP payload, with the traffic class, flow label and hop limit the kernel reported
+/// (the ICRC masks those three, and the UDP checksum, which the socket hides: 0 here).
+fn v6_header(
+    src: std::net::Ipv6Addr,
+    src_port: u16,
+    local: std::net::Ipv6Addr,
+    len: usize,
+    info: RxInfo,
+) -> [u8; IPV6_LEN + UDP_LEN] {
+    let mut hdr = [0u8; IPV6_LEN + UDP_LEN];
+    Ipv6Udp {
+        traffic_class: info.traffic_class,
+        flow_label: info.flow_label,
+        hop_limit: if info.hop_limit == 0 {
+            64
+        } else {
+            info.hop_limit
+        },
+        ..Ipv6Udp::new(src, src_port, local, ROCE_V2_PORT, len)
     }
-
-    /// Queue the `len` bytes built in [`Tx::buf`] for `dst`, behind an IPv4/UDP header as the
-    /// kernel will write it (for the ICRC and the capture).
-    fn commit(&mut self, len: usize, dst: Option<Ipv4Addr>) {
-        let Some(dst) = dst else {
-            self.stats.tx_dropped += 1;
-            return;
-        };
-        let to = SocketAddrV4::new(dst, ROCE_V2_PORT);
-        let pkt = &mut self.batch.next_buf()[..len];
-        let qpn = match pkt.get(5..8) {
-            Some(q) => u32::from_be_bytes([0, q[0], q[1], q[2]]),
-            None => 1,
-        };
-        let id = self.batch.next_id(len, to, qpn);
-        let pkt = &mut self.batch.next_buf()[..len];
-        let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
-        Ipv4Udp {
-            id,
-            ..Ipv4Udp::new(self.local, ROCE_V2_PORT, dst, ROCE_V2_PORT, len)
-        }
-        .emit(&mut hdr);
-        icrc::fill_v4(&hdr, pkt);
-        if let Some(c) = self.capture {
-            c.record(&hdr, pkt, false);
-        }
-        self.batch.push(len, to, qpn);
-    }
-
-    /// Send what is queued (`sendmmsg`, GSO runs).
-    fn flush(&mut self) {
-        let r = self.batch.flush(self.fd);
-        self.stats.tx_packets += r.sent;
-        self.stats.tx_dropped += r.dropped;
-    }
+    .emit(&mut hdr);
+    hdr
 }

@@ -12,7 +12,7 @@
 //! from the context's own address.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
@@ -53,22 +53,24 @@ fn probe(index: u16, nonce: u64) -> [u8; PROBE_LEN] {
     b
 }
 
-/// Read the group of `addr` (`n` sockets) with probes and set every member's index in
+/// Read the group of `addr` (port 4791; `n` sockets) with probes and set every member's index in
 /// `layout` to what the kernel has. `own` is the caller's socket in the group, whose probe
 /// is answered here (its engine may not run meanwhile). Returns false, leaving `layout` alone, unless every
 /// index answered with a slot the registry knows, each once.
 pub(crate) fn resync(
-    addr: Ipv4Addr,
+    addr: SocketAddr,
     n: usize,
     own: (RawFd, u8),
     layout: &mut Layout,
 ) -> io::Result<bool> {
-    let s = UdpSocket::bind(SocketAddrV4::new(addr, 0))?;
+    let mut from = addr;
+    from.set_port(0);
+    let s = UdpSocket::bind(from)?;
     s.set_nonblocking(true)?;
     let mut nonce = [0u8; 8];
     let _ = getrandom::getrandom(&mut nonce);
     let nonce = u64::from_ne_bytes(nonce);
-    let to = SocketAddrV4::new(addr, crate::wire::ROCE_V2_PORT);
+    let to = addr;
     for i in 0..n {
         s.send_to(&probe(i as u16, nonce), to)?;
     }

@@ -1,7 +1,6 @@
 //! The progress thread: makes one-sided operations to a passive side complete, and retransmits,
-//! while the application does not call in. It sleeps in poll(2) on the socket and a wake fd.
+//! while the application does not call in. It sleeps in poll(2) on the sockets and a wake fd.
 
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -35,15 +34,14 @@ fn wait_fd(fd: i32, timeout: Duration) {
 
 fn run(shared: Weak<Shared>, io: Arc<Io>) {
     let mut last_check = Instant::now();
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(io.fds.len() + 1);
     loop {
         if io.stopped() {
             return;
         }
-        if io
-            .misrouted
-            .swap(false, std::sync::atomic::Ordering::AcqRel)
-        {
-            io.resync_share();
+        let misrouted = io.misrouted.swap(0, std::sync::atomic::Ordering::AcqRel);
+        if misrouted != 0 {
+            io.resync_share(misrouted);
         }
         if last_check.elapsed() >= SHARE_CHECK {
             last_check = Instant::now();
@@ -84,23 +82,29 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
         };
         // Round up so a deadline 0.3 ms away does not become a busy loop of 0 ms polls.
         let ms = (sleep.as_micros() as i64 + 999) / 1000;
-        let mut fds = [
-            libc::pollfd {
-                fd: io.socket.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: io.wake_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a live array of two pollfd structures.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, ms as libc::c_int) };
-        if fds[1].revents != 0 {
+        // The wake fd, then the sockets.
+        fds.clear();
+        fds.extend(
+            std::iter::once(io.wake_fd())
+                .chain(io.fds.iter().copied())
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }),
+        );
+        // SAFETY: `fds` is a live array of `fds.len()` pollfd structures.
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                ms as libc::c_int,
+            )
+        };
+        if fds[0].revents != 0 {
             io.drain_wake();
         }
+        let datagram = fds[1..].iter().any(|p| p.revents != 0);
         match shared.upgrade() {
             Some(s) => {
                 if s.app_polling(POLL_WINDOW) {
@@ -110,13 +114,13 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
                 }
                 s.woke();
                 s.drive();
-                if fds[0].revents != 0 {
+                if datagram {
                     // A datagram woke us: more tend to follow within microseconds (the next
                     // READ of a ping-pong, the rest of a window), and a thread wake-up costs
                     // tens of µs here. Keep looking for a short while before sleeping again.
                     let mut last = Instant::now();
                     while last.elapsed() < SPIN && !io.stopped() && !s.app_polling(POLL_WINDOW) {
-                        if readable(io.socket.as_raw_fd()) {
+                        if readable(&mut fds[1..]) {
                             s.drive();
                             last = Instant::now();
                         } else {
@@ -133,13 +137,8 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
 /// How long the progress thread keeps looking after serving a datagram.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// Whether `fd` has something to read, without waiting.
-fn readable(fd: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `p` is a live pollfd.
-    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+/// Whether one of the sockets of `fds` has something to read, without waiting.
+fn readable(fds: &mut [libc::pollfd]) -> bool {
+    // SAFETY: `fds` is a live array of `fds.len()` pollfd structures.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) > 0 }
 }

@@ -6,7 +6,8 @@
 //!   QPNs and of its CM communication and SIDR request IDs (peers echo those back in REP, RTU,
 //!   REJ, MRA, DREQ, DREP and SIDR_REP). A slot is held by an OFD lock on byte `slot` of the
 //!   address's registry lock file, so a process that dies gives its slots back with no
-//!   clean-up. The registry itself is a small text file replaced whole (rename) on every
+//!   clean-up. A context on several addresses (its IPv4 address and its IPv6 ones, each a group
+//!   of its own) holds one slot, free on all of them ([`join`]). The registry itself is a small text file replaced whole (rename) on every
 //!   change, so a process that dies while writing it never leaves it torn.
 //! * **Steering.** A classic-BPF program attached to the reuseport group (unprivileged,
 //!   `SO_ATTACH_REUSEPORT_CBPF`) reads the UDP payload: the BTH's destination QPN selects the
@@ -30,7 +31,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -148,12 +149,18 @@ impl Layout {
 /// This context's place in the address's group.
 pub(crate) struct Share {
     pub slot: u8,
-    addr: Ipv4Addr,
+    /// The address (port 4791; the scope of a link-local IPv6 address).
+    addr: SocketAddr,
     /// The registry's lock file, open for this context alone: the OFD lock on byte `slot`
     /// says it is alive; `flock` on it guards every change.
     reg: File,
     /// The registry's contents (replaced whole on every change).
     data: PathBuf,
+    /// Held (with the `flock`) by whoever changes the registry from this process: `flock`
+    /// locks belong to the open file, which every thread of the process shares, so it does not
+    /// keep two threads of one context (two `listen`s, or a `listen` and the progress
+    /// thread's check) from changing the registry at once and losing one's change.
+    busy: std::sync::Mutex<()>,
 }
 
 /// Byte-range lock request on `slot`'s byte.
@@ -262,15 +269,20 @@ fn write_layout(path: &Path, l: &Layout) -> io::Result<()> {
 }
 
 /// How many UDP sockets of this network namespace are bound to `addr:4791`: the kernel's
-/// size of the group (`/proc/net/udp` lists a socket until it has left its reuseport group).
-fn kernel_group_size(addr: Ipv4Addr) -> Option<usize> {
-    // The address as the kernel prints it: the __be32 read as a host-order u32, in hex.
-    let want = format!(
-        "{:08X}:{:04X}",
-        u32::from_ne_bytes(addr.octets()),
-        crate::wire::ROCE_V2_PORT
-    );
-    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+/// size of the group (`/proc/net/udp` and `/proc/net/udp6` list a socket until it has left its
+/// reuseport group).
+fn kernel_group_size(addr: SocketAddr) -> Option<usize> {
+    // The address as the kernel prints it: each __be32 read as a host-order u32, in hex.
+    let (table, octets) = match addr.ip() {
+        IpAddr::V4(a) => ("/proc/net/udp", a.octets().to_vec()),
+        IpAddr::V6(a) => ("/proc/net/udp6", a.octets().to_vec()),
+    };
+    let mut want: String = octets
+        .chunks(4)
+        .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
+        .collect();
+    want.push_str(&format!(":{:04X}", crate::wire::ROCE_V2_PORT));
+    let table = std::fs::read_to_string(table).ok()?;
     Some(
         table
             .lines()
@@ -287,11 +299,11 @@ const SETTLE_WAIT: Duration = Duration::from_millis(100);
 /// Wait (holding the registry lock) until the kernel's group has as many sockets as the
 /// registry has members, so that the next bind is appended where the registry says: a
 /// process whose slot lock was seen free may not have had its socket released yet.
-fn settle(addr: Ipv4Addr, members: usize) {
+fn settle(addr: SocketAddr, members: usize) {
     settle_for(addr, members, SETTLE_WAIT)
 }
 
-fn settle_for(addr: Ipv4Addr, members: usize, wait: Duration) {
+fn settle_for(addr: SocketAddr, members: usize, wait: Duration) {
     let t0 = Instant::now();
     while kernel_group_size(addr).is_some_and(|n| n != members) && t0.elapsed() < wait {
         std::thread::sleep(Duration::from_millis(1));
@@ -330,7 +342,7 @@ impl Share {
     /// Open (creating it) the registry of `addr` in this network namespace. Open it before
     /// the socket: a process's files are released in reverse order of their fds at exit, and
     /// the socket must leave the group before the slot lock is seen free.
-    pub fn open_registry(addr: Ipv4Addr) -> io::Result<File> {
+    pub fn open_registry(addr: SocketAddr) -> io::Result<File> {
         let dir = registry_dir();
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -343,59 +355,12 @@ impl Share {
             .truncate(false)
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC)
-            .open(dir.join(format!("{}-{addr}.lock", netns_id())))
+            .open(dir.join(format!("{}.lock", registry_name(addr))))
     }
 
     /// The file holding the registry of `addr` in this network namespace.
-    fn data_path(addr: Ipv4Addr) -> PathBuf {
-        registry_dir().join(format!("{}-{addr}", netns_id()))
-    }
-
-    /// Join the group of the registry `reg` with `sock_fd` (not yet bound, `SO_REUSEPORT`
-    /// set, numbered above `reg`): claim a slot, bind (`bind`), record the socket's index and
-    /// steer its slot to it.
-    pub fn join(
-        addr: Ipv4Addr,
-        reg: File,
-        sock_fd: RawFd,
-        bind: impl FnOnce() -> io::Result<()>,
-    ) -> io::Result<Share> {
-        debug_assert!(sock_fd > reg.as_raw_fd());
-        let data = Self::data_path(addr);
-        let guard = Locked::new(&reg)?;
-        let mut layout = read_layout(&data)?;
-        prune(reg.as_raw_fd(), &mut layout, None);
-        settle(addr, layout.members.len());
-        let start = layout.next_slot.max(1) as usize;
-        let slot = (0..MAX_SLOTS)
-            .map(|k| ((start - 1 + k) % MAX_SLOTS + 1) as u8)
-            .filter(|s| !layout.members.iter().any(|m| m.slot == *s))
-            .find(|s| {
-                let mut l = slot_lock(libc::F_WRLCK as libc::c_short, *s);
-                fcntl_lock(reg.as_raw_fd(), libc::F_OFD_SETLK, &mut l).is_ok()
-            })
-            .ok_or_else(|| io::Error::from(io::ErrorKind::AddrInUse))?;
-        bind()?;
-        layout.next_slot = if slot as usize == MAX_SLOTS {
-            1
-        } else {
-            slot + 1
-        };
-        layout.members.push(Member {
-            slot,
-            index: layout.members.len() as u32,
-            ports: Vec::new(),
-        });
-        write_layout(&data, &layout)?;
-        attach(sock_fd, &layout)?;
-        drop(guard);
-        at_exit::register(reg.as_raw_fd(), sock_fd, slot, data.clone());
-        Ok(Share {
-            slot,
-            addr,
-            reg,
-            data,
-        })
+    fn data_path(addr: SocketAddr) -> PathBuf {
+        registry_dir().join(registry_name(addr))
     }
 
     /// Leave the group: record the kernel's move, steer for the group without us, then run
@@ -406,6 +371,7 @@ impl Share {
             close();
             return;
         }
+        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         let guard = Locked::new(&self.reg);
         if guard.is_ok() {
             if let Ok(mut layout) = read_layout(&self.data) {
@@ -417,6 +383,7 @@ impl Share {
         }
         close();
         drop(guard);
+        drop(busy);
     }
 
     /// Remove dead members, if any, and steer again (called now and then by the progress
@@ -435,6 +402,9 @@ impl Share {
         {
             return;
         }
+        let Ok(_busy) = self.busy.try_lock() else {
+            return;
+        };
         let Some(_guard) = Locked::try_new(&self.reg) else {
             return;
         };
@@ -452,6 +422,9 @@ impl Share {
     /// traffic for another one). Never waits for the registry lock. Datagrams that reach this
     /// socket meanwhile are dropped (RC retransmits them).
     pub fn resync(&self, sock_fd: RawFd) {
+        let Ok(_busy) = self.busy.try_lock() else {
+            return;
+        };
         let Some(_guard) = Locked::try_new(&self.reg) else {
             return;
         };
@@ -490,6 +463,7 @@ impl Share {
     }
 
     fn update(&self, sock_fd: RawFd, f: impl FnOnce(&mut Layout)) -> io::Result<()> {
+        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         let _guard = Locked::new(&self.reg)?;
         let mut layout = read_layout(&self.data)?;
         prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
@@ -507,6 +481,20 @@ impl Share {
 
 /// Leaving at normal process exit, for contexts nobody drops (held in statics).
 mod at_exit;
+/// Joining the groups of a context's addresses with one slot.
+mod join;
+pub(crate) use join::Joiner;
+
+/// A registry's name: the network namespace and the address (`4026531840-127.0.0.1`,
+/// `4026531840-::1`, `4026531840-fe80::1%2` for a link-local address on interface 2).
+fn registry_name(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V6(a) if a.scope_id() != 0 => {
+            format!("{}-{}%{}", netns_id(), a.ip(), a.scope_id())
+        }
+        a => format!("{}-{}", netns_id(), a.ip()),
+    }
+}
 
 /// Attach the steering program for `layout` to the group of `sock_fd`.
 fn attach(sock_fd: RawFd, layout: &Layout) -> io::Result<()> {
@@ -598,7 +586,7 @@ mod stress {
                     let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
                     let mut bad = 0;
                     for i in 0..50u8 {
-                        let io = Io::bind(Ipv4Addr::LOCALHOST, true).unwrap();
+                        let io = Io::bind(Some(Ipv4Addr::LOCALHOST), &[], true).unwrap();
                         let slot = io.slot();
                         // Right after joining, and again after the other threads have joined
                         // and left around us (a leave moves the last socket of the group).
@@ -620,7 +608,7 @@ mod stress {
                                     // SAFETY: recv into a live local buffer of 128 bytes.
                                     let n = unsafe {
                                         libc::recv(
-                                            io.socket.as_raw_fd(),
+                                            io.socks[0].socket.as_raw_fd(),
                                             buf.as_mut_ptr() as *mut _,
                                             128,
                                             libc::MSG_DONTWAIT,

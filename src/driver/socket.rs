@@ -1,94 +1,184 @@
-//! The endpoint's UDP socket on port 4791 and the eventfd that wakes the progress thread.
+//! The endpoint's UDP sockets on port 4791 — one on its IPv4 address, one on each of its IPv6
+//! addresses — its GID table, and the eventfd that wakes the progress thread.
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::share::Share;
+use super::gids::GidTable;
+use super::share::{Joiner, Share};
 use crate::wire::ROCE_V2_PORT;
 
-pub(crate) struct Io {
+/// One bound socket of the endpoint.
+pub(crate) struct Sock {
     /// Closed by `Drop` while the share's registry is locked (see [`Share::leave`]).
     pub socket: ManuallyDrop<UdpSocket>,
-    /// The socket takes `UDP_SEGMENT`: runs of packets go out as GSO messages.
-    pub gso: bool,
-    /// This endpoint's place among the contexts sharing its address; `None` when sharing
-    /// could not be set up (the address is then this endpoint's alone).
+    /// What it is bound to: port 4791 on one address (with its scope if link-local).
+    pub local: SocketAddr,
+    /// Its place among the contexts sharing its address; `None` when sharing could not be set
+    /// up (the address is then this endpoint's alone).
     share: Option<Share>,
+}
+
+pub(crate) struct Io {
+    /// The IPv4 socket first, when there is one; then one per IPv6 address.
+    pub socks: Vec<Sock>,
+    /// The sockets' fds, in the same order (for batched sends).
+    pub fds: Vec<RawFd>,
+    /// The GID table: which local address (socket) each GID index is.
+    pub gids: GidTable,
+    /// Every socket takes `UDP_SEGMENT`: runs of packets go out as GSO messages.
+    pub gso: bool,
+    /// The slot that owns this endpoint's QPNs and CM IDs (their top byte), on every address.
+    slot: u8,
     wake: OwnedFd,
     stop: AtomicBool,
-    /// Set by the engine when traffic for another context arrived (see `resync_share`).
-    pub misrouted: AtomicBool,
+    /// Set by the engine (bit `k`: socket `k`) when traffic for another context arrived (see
+    /// `resync_share`).
+    pub misrouted: AtomicU32,
     last_resync: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Shortest time between two resyncs of the shared address's layout.
 const RESYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// `IPV6_AUTOFLOWLABEL` (linux/in6.h): 0 sends flow label 0, as rdma_rxe does.
+const IPV6_AUTOFLOWLABEL: libc::c_int = 70;
+/// `UDP_NO_CHECK6_RX` (linux/udp.h): take IPv6 datagrams whose UDP checksum is zero. rdma_rxe
+/// sends RoCEv2 over IPv6 with a zero checksum (its tunnel socket does not compute one: the
+/// ICRC covers the packet), which a UDP socket otherwise drops.
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
+
+/// A bound socket, its address and its place in the address's group (if shared).
+type Bound = (Socket, SocketAddr, Option<Share>);
+
+/// A socket to bind, before binding.
+struct Pending {
+    socket: Socket,
+    at: SocketAddr,
+    /// `None`: no registry (an unwritable temporary directory, say): bind alone.
+    reg: Option<std::fs::File>,
+    required: bool,
+}
+
 impl Io {
-    /// Bind `addr:4791`, shared with every other context of this user on that address (see
-    /// [`super::share`]). When the address is held by something that does not share (kernel
-    /// rdma_rxe, another user), a loopback address that is not `pinned` moves to the next free
-    /// 127.0.0.x; otherwise the error is `AddrInUse`.
-    pub fn bind(addr: Ipv4Addr, pinned: bool) -> io::Result<Io> {
-        let mut candidates = vec![addr];
-        if addr.is_loopback() && !pinned {
+    /// Bind UDP 4791 on the IPv4 address `v4` and on each IPv6 address of `v6`, each shared
+    /// with every other context of this user on that address (see [`super::share`]), all with
+    /// one slot. When `v4` is held by something that does not share (kernel rdma_rxe, another
+    /// user), a loopback address that is not `pinned` moves to the next free 127.0.0.x;
+    /// otherwise the error is `AddrInUse`. An IPv6 address that cannot be bound (held, or still
+    /// tentative) is left out, unless the endpoint is `pinned` or has no other address.
+    pub fn bind(v4: Option<Ipv4Addr>, v6: &[SocketAddrV6], pinned: bool) -> io::Result<Io> {
+        let mut candidates = vec![v4];
+        if let Some(a) = v4.filter(|a| a.is_loopback() && !pinned) {
             candidates.extend(
                 (1..=254u8)
-                    .map(|i| Ipv4Addr::new(127, 0, 0, i))
-                    .filter(|a| *a != addr),
+                    .map(|i| Some(Ipv4Addr::new(127, 0, 0, i)))
+                    .filter(|c| *c != Some(a)),
             );
         }
         let mut last = None;
-        for a in candidates {
-            match Self::bind_one(a) {
-                Ok((s, share)) => return Self::finish(s, share),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
+        for c in candidates {
+            let mut want: Vec<(SocketAddr, bool)> = Vec::new();
+            if let Some(a) = c {
+                want.push((SocketAddrV4::new(a, ROCE_V2_PORT).into(), true));
+            }
+            for a in v6 {
+                let at = SocketAddrV6::new(*a.ip(), ROCE_V2_PORT, 0, a.scope_id());
+                want.push((at.into(), pinned));
+            }
+            match Self::bind_all(&want) {
+                Ok((socks, slot)) => return Self::finish(socks, slot),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && c.is_some() => last = Some(e),
                 Err(e) => return Err(e),
             }
         }
         Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
     }
 
-    fn bind_one(a: Ipv4Addr) -> io::Result<(Socket, Option<Share>)> {
-        let at = SocketAddrV4::new(a, ROCE_V2_PORT);
-        // No registry (an unwritable temporary directory, say): bind alone.
-        if let Ok(reg) = Share::open_registry(a) {
-            let s = socket_above(reg.as_raw_fd())?;
-            if s.set_reuse_port(true).is_ok() {
-                // A registry that exists but fails (a lock held too long, say) is an error:
-                // binding alone would lock every other sharer out of the address.
-                return match Share::join(a, reg, s.as_raw_fd(), || s.bind(&at.into())) {
-                    Ok(share) => Ok((s, Some(share))),
-                    Err(e) => Err(e),
-                };
+    /// Bind every address of `want` (`(address, required)`), shared where a registry can be
+    /// had. Fails if a required one fails, or if none could be bound.
+    fn bind_all(want: &[(SocketAddr, bool)]) -> io::Result<(Vec<Bound>, u8)> {
+        let mut pending = Vec::new();
+        for &(at, required) in want {
+            let reg = Share::open_registry(at).ok();
+            let socket = new_socket(at, reg.as_ref().map(|r| r.as_raw_fd()))?;
+            let shared = reg.is_some() && socket.set_reuse_port(true).is_ok();
+            pending.push(Pending {
+                socket,
+                at,
+                reg: if shared { reg } else { None },
+                required,
+            });
+        }
+        // Every shared address is joined at once, with one slot.
+        let regs: Vec<Option<std::fs::File>> = pending.iter_mut().map(|p| p.reg.take()).collect();
+        let joiners: Vec<Joiner<'_>> = pending
+            .iter()
+            .zip(regs)
+            .filter_map(|(p, reg)| {
+                let (s, at) = (&p.socket, p.at);
+                Some(Joiner {
+                    addr: at,
+                    reg: reg?,
+                    sock_fd: s.as_raw_fd(),
+                    bind: Box::new(move || s.bind(&at.into())),
+                    required: p.required,
+                })
+            })
+            .collect();
+        let shared_at: Vec<SocketAddr> = joiners.iter().map(|j| j.addr).collect();
+        let mut joined = Share::join_many(joiners)?;
+        let slot = joined
+            .iter()
+            .find_map(|r| r.as_ref().ok().map(|s| s.slot))
+            .unwrap_or(1);
+        let mut out = Vec::new();
+        let mut first_err = None;
+        for p in pending {
+            let r = match shared_at.iter().position(|a| *a == p.at) {
+                Some(k) => {
+                    std::mem::replace(&mut joined[k], Err(io::Error::other("taken"))).map(Some)
+                }
+                None => p.socket.bind(&p.at.into()).map(|_| None),
+            };
+            match r {
+                Ok(share) => out.push((p.socket, p.at, share)),
+                Err(e) if p.required => return Err(e),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
-        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-        s.bind(&at.into())?;
-        Ok((s, None))
+        if out.is_empty() {
+            return Err(
+                first_err.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))
+            );
+        }
+        Ok((out, slot))
     }
 
     /// The slot that owns this endpoint's QPNs and CM IDs (their top byte): 1 when alone.
     pub fn slot(&self) -> u8 {
-        self.share.as_ref().map_or(1, |s| s.slot)
+        self.slot
     }
 
     /// Drop dead sharers from the steering (the progress thread calls this now and then).
     pub fn check_share(&self) {
-        if let Some(s) = &self.share {
-            s.check(self.socket.as_raw_fd());
+        for s in &self.socks {
+            if let Some(share) = &s.share {
+                share.check(s.socket.as_raw_fd());
+            }
         }
     }
 
-    /// Traffic for another context reached this socket: read the group's layout again (at most
-    /// every [`RESYNC_EVERY`]).
-    pub fn resync_share(&self) {
-        let Some(s) = &self.share else { return };
+    /// Traffic for another context reached the sockets of `mask` (bit `k`: socket `k`): read
+    /// their groups' layout again (at most every [`RESYNC_EVERY`]).
+    pub fn resync_share(&self, mask: u32) {
         let now = std::time::Instant::now();
         let mut last = self.last_resync.lock().unwrap_or_else(|p| p.into_inner());
         if last.is_some_and(|t| now.duration_since(t) < RESYNC_EVERY) {
@@ -96,40 +186,52 @@ impl Io {
         }
         *last = Some(now);
         drop(last);
-        s.resync(self.socket.as_raw_fd());
-    }
-
-    /// Steer REQs and SIDR_REQs for rdma_cm `port` to this endpoint (`listening`) or stop.
-    /// `AddrInUse`: another process listens on it.
-    pub fn set_listening(&self, port: u16, listening: bool) -> io::Result<()> {
-        match &self.share {
-            Some(s) => s.set_port(self.socket.as_raw_fd(), port, listening),
-            None => Ok(()),
+        for (k, s) in self.socks.iter().enumerate() {
+            if let (Some(share), true) = (&s.share, mask & (1 << k.min(31)) != 0) {
+                share.resync(s.socket.as_raw_fd());
+            }
         }
     }
 
-    fn finish(s: Socket, share: Option<Share>) -> io::Result<Io> {
-        s.set_nonblocking(true)?;
-        let _ = s.set_recv_buffer_size(8 << 20);
-        let _ = s.set_send_buffer_size(8 << 20);
-        // DF on every datagram: Linux then writes IP ID 0, as rdma_rxe does, and the ICRC we
-        // compute over the IP header matches what the peer sees (IBA A17.4.5.1).
-        let v: libc::c_int = libc::IP_PMTUDISC_DO;
-        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                &v as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
+    /// Steer REQs and SIDR_REQs for rdma_cm `port` to this endpoint (`listening`) or stop, on
+    /// the addresses an id bound to `bound` listens on: `::` every address, `0.0.0.0` the IPv4
+    /// one, an address itself. `AddrInUse`: another process listens on it there.
+    pub fn set_listening(&self, port: u16, listening: bool, bound: IpAddr) -> io::Result<()> {
+        let covers = |local: IpAddr| match bound {
+            IpAddr::V6(a) if a.is_unspecified() => true,
+            IpAddr::V4(a) if a.is_unspecified() => local.is_ipv4(),
+            a => a == local,
         };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
+        let socks: Vec<&Sock> = self.socks.iter().filter(|s| covers(s.local.ip())).collect();
+        for (k, s) in socks.iter().enumerate() {
+            let Some(share) = &s.share else { continue };
+            if let Err(e) = share.set_port(s.socket.as_raw_fd(), port, listening) {
+                if listening {
+                    for s in &socks[..k] {
+                        if let Some(share) = &s.share {
+                            let _ = share.set_port(s.socket.as_raw_fd(), port, false);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
         }
-        let gso = super::batch::gso_supported(s.as_raw_fd());
-        super::batch::enable_gro(s.as_raw_fd());
+        Ok(())
+    }
+
+    fn finish(bound: Vec<Bound>, slot: u8) -> io::Result<Io> {
+        let mut socks = Vec::with_capacity(bound.len());
+        let mut gso = true;
+        for (s, local, share) in bound {
+            setup(&s, local)?;
+            gso &= super::batch::gso_supported(s.as_raw_fd());
+            super::batch::enable_gro(s.as_raw_fd());
+            socks.push(Sock {
+                socket: ManuallyDrop::new(s.into()),
+                local,
+                share,
+            });
+        }
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -137,22 +239,26 @@ impl Io {
         }
         // SAFETY: `fd` is a fresh descriptor nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let locals: Vec<SocketAddr> = socks.iter().map(|s| s.local).collect();
         Ok(Io {
-            socket: ManuallyDrop::new(s.into()),
+            fds: socks.iter().map(|s| s.socket.as_raw_fd()).collect(),
+            gids: GidTable::new(&locals),
+            socks,
             gso,
-            share,
+            slot,
             wake,
             stop: AtomicBool::new(false),
-            misrouted: AtomicBool::new(false),
+            misrouted: AtomicU32::new(0),
             last_resync: std::sync::Mutex::new(None),
         })
     }
 
-    pub fn local_addr(&self) -> Ipv4Addr {
-        match self.socket.local_addr() {
-            Ok(std::net::SocketAddr::V4(a)) => *a.ip(),
-            _ => Ipv4Addr::UNSPECIFIED,
-        }
+    /// The IPv4 address the endpoint is bound to, if any.
+    pub fn local_v4(&self) -> Option<Ipv4Addr> {
+        self.socks.iter().find_map(|s| match s.local {
+            SocketAddr::V4(a) => Some(*a.ip()),
+            SocketAddr::V6(_) => None,
+        })
     }
 
     /// Wake the progress thread (new timers may be due sooner than it planned).
@@ -194,31 +300,74 @@ impl Io {
     }
 }
 
-/// A UDP socket whose fd is above `fd` (see [`Share::open_registry`]).
-fn socket_above(fd: RawFd) -> io::Result<Socket> {
-    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    if s.as_raw_fd() > fd {
-        return Ok(s);
+/// Socket options of a bound endpoint socket.
+fn setup(s: &Socket, local: SocketAddr) -> io::Result<()> {
+    s.set_nonblocking(true)?;
+    let _ = s.set_recv_buffer_size(8 << 20);
+    let _ = s.set_send_buffer_size(8 << 20);
+    let fd = s.as_raw_fd();
+    match local {
+        // DF on every datagram: Linux then writes IP ID 0, as rdma_rxe does, and the ICRC we
+        // compute over the IP header matches what the peer sees (IBA A17.4.5.1).
+        SocketAddr::V4(_) => super::batch::set_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        ),
+        // No fragments either (a datagram over the path MTU fails to send); flow label 0 as
+        // rxe sends (the ICRC masks it anyway); rxe's zero UDP checksums taken; the header
+        // fields a UD GRH shows.
+        SocketAddr::V6(_) => {
+            super::batch::set_int(
+                fd,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )?;
+            let _ = super::batch::set_int(fd, libc::IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
+            super::batch::set_int(fd, libc::SOL_UDP, UDP_NO_CHECK6_RX, 1)?;
+            super::batch::enable_v6_header_info(fd);
+            Ok(())
+        }
     }
-    // SAFETY: F_DUPFD_CLOEXEC on our own socket returns a new fd we then own.
-    let n = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_DUPFD_CLOEXEC, fd + 1) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+}
+
+/// A UDP socket for `at`, its fd above `above` when given (see [`Share::open_registry`]).
+fn new_socket(at: SocketAddr, above: Option<RawFd>) -> io::Result<Socket> {
+    let domain = if at.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let mut s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    if let Some(fd) = above.filter(|fd| s.as_raw_fd() <= *fd) {
+        // SAFETY: F_DUPFD_CLOEXEC on our own socket returns a new fd we then own.
+        let n = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_DUPFD_CLOEXEC, fd + 1) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `n` is a fresh descriptor of the same socket, owned by nothing else.
+        s = unsafe { Socket::from_raw_fd(n) };
     }
-    // SAFETY: `n` is a fresh descriptor of the same socket, owned by nothing else.
-    Ok(unsafe { Socket::from_raw_fd(n) })
+    if at.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    Ok(s)
 }
 
 impl Drop for Io {
     fn drop(&mut self) {
-        // SAFETY: `socket` is taken exactly once, here, and not used afterwards.
-        let socket = unsafe { ManuallyDrop::take(&mut self.socket) };
-        match self.share.take() {
-            Some(share) => {
-                let fd = socket.as_raw_fd();
-                share.leave(fd, move || drop(socket));
+        for s in self.socks.iter_mut().rev() {
+            // SAFETY: `socket` is taken exactly once, here, and not used afterwards.
+            let socket = unsafe { ManuallyDrop::take(&mut s.socket) };
+            match s.share.take() {
+                Some(share) => {
+                    let fd = socket.as_raw_fd();
+                    share.leave(fd, move || drop(socket));
+                }
+                None => drop(socket),
             }
-            None => drop(socket),
         }
     }
 }

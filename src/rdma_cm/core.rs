@@ -4,13 +4,14 @@
 //! here runs under the engine lock, so the QP transitions and the CM state move together.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use super::event::{ConnParam, EventParam, EventType, RawEvent, UdParam};
 use super::id::{CmId, Handle, IdInner, Phase};
+use super::listeners::{Listener, Listeners};
 use crate::cm::mad::MAD_LEN;
 use crate::cm::manager::{
     CmConfig, CmEvent as IbEvent, CmId as IbId, CmManager, ConnState, ConnectRequestInfo,
@@ -20,7 +21,8 @@ use crate::cm::private_data::CmaHdr;
 use crate::cm::service_id;
 use crate::cm::sidr_manager::{SidrRequestInfo, SidrStatus};
 use crate::transport::{AccessFlags, AddressVector, Mtu, QpAttr, QpState};
-use crate::verbs::{gid_from_ipv4, ipv4_from_gid, Context, Shared};
+use crate::verbs::{gid_from_ipv4, Context, Shared};
+use crate::wire::gid::gid_to_ip;
 use crate::wire::Packet;
 
 /// Bumped whenever an id is destroyed, so each core sweeps its tables soon after.
@@ -34,17 +36,16 @@ pub(crate) const MIN_RNR_TIMER: u8 = 12;
 /// A QP state change the core asks the engine to make: `(qpn, attributes)`; false if it failed.
 pub(crate) type ModifyQp<'a> = &'a mut dyn FnMut(u32, &QpAttr) -> bool;
 
-struct Listener {
-    handle: Weak<Handle>,
-    inner: Arc<IdInner>,
-    backlog: usize,
-}
-
 struct ConnRec {
     handle: Weak<Handle>,
     inner: Arc<IdInner>,
-    listen_sid: Option<u64>,
+    /// The listening id (its [`Listener::key`]) of an incoming request.
+    listener: Option<usize>,
 }
+
+/// Peers whose local address is remembered (see [`CmaCore::local_toward`]) before the table
+/// is started again.
+const MAX_ROUTES: usize = 4096;
 
 impl ConnRec {
     fn alive(&self) -> Option<CmId> {
@@ -55,11 +56,22 @@ impl ConnRec {
     }
 }
 
+/// A GSI packet to send: to the host with GID `to`, from the local GID `from` if known.
+pub(crate) struct GsiOut {
+    pub to: [u8; 16],
+    pub from: Option<[u8; 16]>,
+    pub packet: Vec<u8>,
+}
+
 pub(crate) struct CmaCore {
     pub cm: CmManager,
+    /// The endpoint's IPv4 address (`0.0.0.0`: none).
     local: Ipv4Addr,
     shared: Option<Weak<Shared>>,
-    listeners: HashMap<u64, Listener>,
+    listeners: Listeners,
+    /// The local GID each peer GID talks to (the address its MADs come to, or that this side
+    /// connects from): MADs to the peer go out from there.
+    routes: HashMap<[u8; 16], [u8; 16]>,
     conns: HashMap<u32, ConnRec>,
     gen_seen: u64,
     psn: u32,
@@ -87,7 +99,8 @@ impl CmaCore {
             cm,
             local,
             shared: None,
-            listeners: HashMap::new(),
+            listeners: Listeners::default(),
+            routes: HashMap::new(),
             conns: HashMap::new(),
             gen_seen: 0,
             psn: r as u32 & 0x00ff_ffff,
@@ -108,60 +121,85 @@ impl CmaCore {
             .map(|shared| Context { shared })
     }
 
-    /// A packet to QP1 from `src_ip`.
-    pub fn on_gsi_packet(&mut self, now: Instant, src_ip: Ipv4Addr, pkt: &Packet<'_>) {
-        self.cm.handle_gsi_packet(now, gid_from_ipv4(src_ip), pkt);
+    /// A packet to QP1 from the host with GID `src`, to the local address with GID `local`.
+    pub fn on_gsi_packet(
+        &mut self,
+        now: Instant,
+        src: [u8; 16],
+        local: [u8; 16],
+        pkt: &Packet<'_>,
+    ) {
+        if self.cm.handle_gsi_packet(now, src, pkt) {
+            self.set_route(src, local);
+        }
+    }
+
+    /// Send MADs to `peer` from `local`.
+    pub fn set_route(&mut self, peer: [u8; 16], local: [u8; 16]) {
+        if self.routes.len() >= MAX_ROUTES && !self.routes.contains_key(&peer) {
+            // Only a preference (MADs to an unknown peer go out from the device's first
+            // address of its family): start again rather than grow without bound.
+            self.routes.clear();
+        }
+        self.routes.insert(peer, local);
+    }
+
+    /// The local GID MADs to `peer` go out from, if known.
+    pub fn local_toward(&self, peer: &[u8; 16]) -> Option<[u8; 16]> {
+        self.routes.get(peer).copied()
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.cm.poll_timeout()
     }
 
-    /// The next MAD to send as a GSI packet (BTH to ICRC, ICRC to fill) and its destination.
-    pub fn poll_transmit(&mut self) -> Option<(Ipv4Addr, Vec<u8>)> {
-        loop {
-            let (dest, mad) = self.cm.poll_transmit()?;
-            let Some(ip) = ipv4_from_gid(&dest.gid) else {
-                continue;
-            };
-            let psn = self.psn;
-            self.psn = (self.psn + 1) & 0x00ff_ffff;
-            return Some((ip, crate::cm::manager::gsi_packet(&dest, &mad, psn)));
-        }
+    /// The next MAD to send as a GSI packet (BTH to ICRC, ICRC to fill).
+    pub fn poll_transmit(&mut self) -> Option<GsiOut> {
+        let (dest, mad) = self.cm.poll_transmit()?;
+        let psn = self.psn;
+        self.psn = (self.psn + 1) & 0x00ff_ffff;
+        Some(GsiOut {
+            to: dest.gid,
+            from: self.local_toward(&dest.gid),
+            packet: crate::cm::manager::gsi_packet(&dest, &mad, psn),
+        })
     }
 
+    /// Listen for `sid` with the id `inner` bound to `addr` (a wildcard or one address).
+    /// False if an id of this device listens on it with the same address.
     pub fn add_listener(
         &mut self,
         sid: u64,
+        addr: IpAddr,
         handle: Weak<Handle>,
         inner: Arc<IdInner>,
         backlog: usize,
     ) -> bool {
-        if let Some(l) = self.listeners.get(&sid) {
-            if l.handle.strong_count() > 0 && !l.inner.is_destroyed() {
-                return false;
+        let l = Listener {
+            handle,
+            inner: inner.clone(),
+            backlog,
+            addr,
+        };
+        match self.listeners.add(sid, l) {
+            None => false,
+            Some(false) => true,
+            // The IB CM applies the backlog to unanswered SIDR requests itself (REQs are
+            // counted in `on_connect_request`).
+            Some(true) => {
+                self.cm.unlisten(sid);
+                if self.cm.listen_with_backlog(sid, backlog.max(1)).is_err() {
+                    self.listeners.remove(sid, &inner);
+                    return false;
+                }
+                true
             }
-            self.listeners.remove(&sid);
-            self.cm.unlisten(sid);
         }
-        // The IB CM applies the backlog to unanswered SIDR requests itself (REQs are counted
-        // in `on_connect_request`).
-        if self.cm.listen_with_backlog(sid, backlog.max(1)).is_err() {
-            return false;
-        }
-        self.listeners.insert(
-            sid,
-            Listener {
-                handle,
-                inner,
-                backlog,
-            },
-        );
-        true
     }
 
-    pub fn remove_listener(&mut self, sid: u64) {
-        if self.listeners.remove(&sid).is_some() {
+    /// Stop listening for `sid` with the id `inner`.
+    pub fn remove_listener(&mut self, sid: u64, inner: &Arc<IdInner>) {
+        if self.listeners.remove(sid, inner) {
             self.cm.unlisten(sid);
         }
     }
@@ -172,7 +210,7 @@ impl CmaCore {
             ConnRec {
                 handle,
                 inner,
-                listen_sid: None,
+                listener: None,
             },
         );
     }
@@ -181,33 +219,37 @@ impl CmaCore {
         self.conns.remove(&id.0);
     }
 
-    /// The local address of an incoming request for `sid`, and the peer's: from the rdma_cm header
-    /// when there is one, else the address in the peer's GID (port unknown).
+    /// The local address of an incoming request for `sid`, and the peer's: from the rdma_cm
+    /// header when there is one (as Linux's `cma_save_net_info`: the child's source is the
+    /// header's destination), else the address the request came to and the address in the
+    /// peer's GID (port unknown).
     fn endpoints(
         &self,
         sid: u64,
         cma: Option<&CmaHdr>,
         peer_gid: &[u8; 16],
-    ) -> (SocketAddrV4, Option<SocketAddrV4>) {
+    ) -> (SocketAddr, Option<SocketAddr>) {
         let port = service_id::split(sid).map_or(0, |(_, p)| p);
         let remote = cma
-            .and_then(|h| match h.src_ip() {
-                Some(std::net::IpAddr::V4(a)) => Some(SocketAddrV4::new(a, h.src_port)),
-                _ => None,
-            })
-            .or_else(|| ipv4_from_gid(peer_gid).map(|a| SocketAddrV4::new(a, 0)));
-        (SocketAddrV4::new(self.local, port), remote)
+            .and_then(|h| h.src_ip().map(|a| SocketAddr::new(a, h.src_port)))
+            .or_else(|| Some(SocketAddr::new(gid_to_ip(peer_gid), 0)));
+        let local = cma
+            .and_then(|h| h.dst_ip())
+            .or_else(|| self.local_toward(peer_gid).map(|g| gid_to_ip(&g)))
+            .unwrap_or(IpAddr::V4(self.local));
+        (SocketAddr::new(local, port), remote)
     }
 
-    /// Track the new id of an incoming request; the returned handle goes into its event.
-    fn add_child(&mut self, id: IbId, child: Arc<IdInner>, sid: u64) -> Arc<Handle> {
+    /// Track the new id of an incoming request to `listener`; the returned handle goes into
+    /// its event.
+    fn add_child(&mut self, id: IbId, child: Arc<IdInner>, listener: usize) -> Arc<Handle> {
         let handle = Arc::new(Handle::new(child.clone()));
         self.conns.insert(
             id.0,
             ConnRec {
                 handle: Arc::downgrade(&handle),
                 inner: child,
-                listen_sid: Some(sid),
+                listener: Some(listener),
             },
         );
         handle
@@ -330,10 +372,13 @@ impl CmaCore {
                     let Some(rec) = self.conns.get(&id.0) else {
                         continue;
                     };
-                    let peer = rec.inner.state().peer_gid();
+                    let (peer, sgid_index) = {
+                        let st = rec.inner.state();
+                        (st.peer_gid(), st.sgid_index())
+                    };
                     let mut ud = UdParam {
                         private_data,
-                        ah_attr: ud_av(peer),
+                        ah_attr: ud_av(peer, sgid_index),
                         qp_num: qpn,
                         qkey,
                     };
@@ -363,13 +408,11 @@ impl CmaCore {
     /// CM already refused those over the listener's backlog.
     fn on_sidr_request(&mut self, now: Instant, info: SidrRequestInfo) {
         let id = info.id;
-        let listener = self.listeners.get(&info.service_id).and_then(|l| {
-            if l.inner.is_destroyed() {
-                return None;
-            }
-            l.handle.upgrade().map(|h| (CmId(h), l.inner.clone()))
-        });
-        let (Some((lid, linner)), Some(ctx)) = (listener, self.context()) else {
+        let listener = self
+            .listeners
+            .find(info.service_id, info.cma.as_ref())
+            .and_then(|l| Some((l.alive()?, l.inner.clone(), l.key())));
+        let (Some((lid, linner, key)), Some(ctx)) = (listener, self.context()) else {
             let _ = self
                 .cm
                 .sidr_reply(now, id, SidrStatus::Unsupported, 0, 0, &[]);
@@ -377,10 +420,11 @@ impl CmaCore {
         };
         let (local, remote) = self.endpoints(info.service_id, info.cma.as_ref(), &info.peer.gid);
         let child = IdInner::child_ud(&linner, ctx, local, remote, id, info.peer.gid);
-        let handle = self.add_child(id, child, info.service_id);
+        let sgid_index = child.state().sgid_index();
+        let handle = self.add_child(id, child, key);
         let param = EventParam::Ud(UdParam {
             private_data: info.private_data,
-            ah_attr: ud_av(info.peer.gid),
+            ah_attr: ud_av(info.peer.gid, sgid_index),
             // A SIDR_REQ names no QP of the requester.
             qp_num: 0,
             qkey: 0,
@@ -406,25 +450,18 @@ impl CmaCore {
 
     fn on_connect_request(&mut self, now: Instant, info: ConnectRequestInfo) {
         let id = info.id;
-        let listener = self.listeners.get(&info.service_id).and_then(|l| {
-            if l.inner.is_destroyed() {
-                return None;
-            }
-            l.handle
-                .upgrade()
-                .map(|h| (CmId(h), l.inner.clone(), l.backlog))
-        });
-        let Some((lid, linner, backlog)) = listener else {
+        let listener = self
+            .listeners
+            .find(info.service_id, info.cma.as_ref())
+            .and_then(|l| Some((l.alive()?, l.inner.clone(), l.backlog, l.key())));
+        let Some((lid, linner, backlog, key)) = listener else {
             let _ = self.cm.refuse(now, id);
             return;
         };
         let pending = self
             .conns
             .values()
-            .filter(|c| {
-                c.listen_sid == Some(info.service_id)
-                    && c.inner.state().phase == Phase::ConnectRequest
-            })
+            .filter(|c| c.listener == Some(key) && c.inner.state().phase == Phase::ConnectRequest)
             .count();
         let ctx = self.context();
         let (Some(ctx), true) = (ctx, pending < backlog.max(1)) else {
@@ -434,7 +471,7 @@ impl CmaCore {
         };
         let (local, remote) = self.endpoints(info.service_id, info.cma.as_ref(), &info.peer.gid);
         let child = IdInner::child(&linner, ctx, local, remote, id, info.clone());
-        let handle = self.add_child(id, child, info.service_id);
+        let handle = self.add_child(id, child, key);
         let param = EventParam::Conn(ConnParam {
             private_data: info.private_data.clone(),
             // From this side's point of view (as ib_cm's cm_format_req_event swaps them).
@@ -483,6 +520,7 @@ impl CmaCore {
                 st.settled = Some(Transition {
                     qpn,
                     peer_gid: st.peer_gid(),
+                    sgid_index: st.sgid_index(),
                     remote_qpn: info.remote_qpn,
                     rq_psn: st.rq_psn,
                     sq_psn: info.remote_psn,
@@ -506,6 +544,7 @@ impl CmaCore {
                     let t = Transition {
                         qpn,
                         peer_gid: st.peer_gid(),
+                        sgid_index: st.sgid_index(),
                         remote_qpn: info.remote_qpn,
                         rq_psn: st.rq_psn,
                         sq_psn: info.remote_psn,
@@ -581,14 +620,8 @@ impl CmaCore {
                 _ => {}
             }
         }
-        let dead: Vec<u64> = self
-            .listeners
-            .iter()
-            .filter(|(_, l)| l.handle.strong_count() == 0 || l.inner.is_destroyed())
-            .map(|(k, _)| *k)
-            .collect();
-        for sid in dead {
-            self.remove_listener(sid);
+        for (sid, inner) in self.listeners.dead() {
+            self.remove_listener(sid, &inner);
         }
     }
 }
@@ -611,11 +644,12 @@ fn zero_param() -> ConnParam {
     }
 }
 
-/// The address vector toward `gid` that rdma_cm reports for UD (`event->param.ud.ah_attr`).
-pub(crate) fn ud_av(gid: [u8; 16]) -> AddressVector {
+/// The address vector toward `gid` from GID `sgid_index` that rdma_cm reports for UD
+/// (`event->param.ud.ah_attr`).
+pub(crate) fn ud_av(gid: [u8; 16], sgid_index: u8) -> AddressVector {
     AddressVector {
         dgid: gid,
-        sgid_index: 1,
+        sgid_index,
         hop_limit: 64,
         traffic_class: 0,
         flow_label: 0,
@@ -634,6 +668,8 @@ fn push(owner: &Arc<IdInner>, ev: RawEvent) {
 pub(crate) struct Transition {
     pub qpn: u32,
     pub peer_gid: [u8; 16],
+    /// The GID index of the id's local address.
+    pub sgid_index: u8,
     pub remote_qpn: u32,
     pub rq_psn: u32,
     pub sq_psn: u32,
@@ -666,7 +702,7 @@ impl Transition {
             qp_access_flags: Some(access),
             ah_attr: Some(AddressVector {
                 dgid: self.peer_gid,
-                sgid_index: 1,
+                sgid_index: self.sgid_index,
                 hop_limit: 64,
                 traffic_class: 0,
                 flow_label: self.flow_label,

@@ -12,7 +12,7 @@ pub enum CmaError {
     #[error("address already in use")]
     AddrInUse,
     #[error("address not available on this host: {0}")]
-    AddrNotAvailable(std::net::Ipv4Addr),
+    AddrNotAvailable(std::net::IpAddr),
     #[error("no ephemeral port left")]
     NoPorts,
     #[error("private data of {len} bytes is larger than {max}")]

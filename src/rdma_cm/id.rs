@@ -1,7 +1,7 @@
 //! rdma_cm ids (`struct rdma_cm_id`): bind, listen, resolve, connect, accept, reject,
 //! disconnect, and a QP the CM moves through its states.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -18,7 +18,8 @@ use crate::cm::sidr;
 use crate::cm::sidr_manager::{SidrParams, SidrStatus, RDMA_UDP_QKEY};
 use crate::cm::{rej, rep, req};
 use crate::transport::{AccessFlags, Mtu, QpAttr, QpState};
-use crate::verbs::{gid_from_ipv4, Context, ProtectionDomain, QpInitAttr, QpType, QueuePair};
+use crate::verbs::{Context, ProtectionDomain, QpInitAttr, QpType, QueuePair};
+use crate::wire::gid::gid_from_ip;
 
 /// Where an id is in its life (librdmacm's `enum rdma_cm_state`, simplified).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -58,9 +59,9 @@ pub(crate) struct IdState {
     pub phase: Phase,
     pub ctx: Option<Context>,
     pub listen_ctxs: Vec<Context>,
-    pub reservation: Option<(Ipv4Addr, u16)>,
-    pub local: Option<SocketAddrV4>,
-    pub remote: Option<SocketAddrV4>,
+    pub reservation: Option<(IpAddr, u16)>,
+    pub local: Option<SocketAddr>,
+    pub remote: Option<SocketAddr>,
     pub qpn: Option<u32>,
     /// The QP number of a QP the program manages itself (`conn_param.qp_num` without
     /// `create_qp`): the CM puts it in its messages but never modifies it.
@@ -106,9 +107,30 @@ impl IdState {
         }
         match (&self.req, self.remote) {
             (Some(r), _) => r.peer.gid,
-            (None, Some(a)) => gid_from_ipv4(*a.ip()),
+            (None, Some(a)) => gid_from_ip(a.ip()),
             _ => [0; 16],
         }
+    }
+
+    /// The GID index of the id's local address on its device (the source of its QP's path):
+    /// that address's entry (index 1 for the address at 0 and 1, as rdma_cm always had it),
+    /// else the device's first GID of its family, else 1.
+    pub fn sgid_index(&self) -> u8 {
+        let (Some(ctx), Some(local)) = (&self.ctx, self.local) else {
+            return 1;
+        };
+        let gid = gid_from_ip(local.ip());
+        if let Some(i) = ctx.gid_index(&gid) {
+            let at_1 = ctx.query_gid(1, 1).is_ok_and(|g| g == gid);
+            return if i == 0 && at_1 { 1 } else { i as u8 };
+        }
+        let len = ctx.query_port(1).map_or(0, |p| p.gid_tbl_len);
+        (0..len)
+            .find(|i| {
+                ctx.query_gid(1, *i)
+                    .is_ok_and(|g| crate::wire::gid::gid_to_ip(&g).is_ipv4() == local.is_ipv4())
+            })
+            .map_or(1, |i| i as u8)
     }
 }
 
@@ -145,8 +167,8 @@ impl IdInner {
     pub(crate) fn child(
         listener: &Arc<IdInner>,
         ctx: Context,
-        local: SocketAddrV4,
-        remote: Option<SocketAddrV4>,
+        local: SocketAddr,
+        remote: Option<SocketAddr>,
         conn: IbId,
         req: ConnectRequestInfo,
     ) -> Arc<IdInner> {
@@ -172,8 +194,8 @@ impl IdInner {
     pub(crate) fn child_ud(
         listener: &Arc<IdInner>,
         ctx: Context,
-        local: SocketAddrV4,
-        remote: Option<SocketAddrV4>,
+        local: SocketAddr,
+        remote: Option<SocketAddr>,
         conn: IbId,
         peer_gid: [u8; 16],
     ) -> Arc<IdInner> {
@@ -241,9 +263,9 @@ impl IdInner {
             ctxs.extend(st.ctx.clone());
             (st.reservation.take(), ctxs, listened)
         };
-        if let (Some((_, p)), true) = (res, listened > 0) {
+        if let (Some((a, p)), true) = (res, listened > 0) {
             for c in &ctxs[..listened] {
-                let _ = c.shared.io.set_listening(p, false);
+                let _ = c.shared.io.set_listening(p, false, a);
             }
         }
         if let Some((a, p)) = res {
@@ -337,12 +359,26 @@ fn random_psn() -> u32 {
     u32::from_ne_bytes(b) & 0x00ff_ffff
 }
 
-fn v4(a: SocketAddr) -> Result<SocketAddrV4> {
+/// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) as the IPv4 address it is.
+fn unmapped(a: SocketAddr) -> SocketAddr {
     match a {
-        SocketAddr::V4(a) => Ok(a),
-        SocketAddr::V6(_) => Err(CmaError::InvalidArgument(
-            "only IPv4 addresses are supported",
-        )),
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, v6.port())),
+            None => a,
+        },
+        a => a,
+    }
+}
+
+/// `a` in the IPv4 form [`CmId::local_addr`] reports: IPv4 as is, the IPv6 wildcard as
+/// `0.0.0.0`; `None` for another IPv6 address.
+fn as_v4(a: SocketAddr) -> Option<SocketAddrV4> {
+    match a {
+        SocketAddr::V4(a) => Some(a),
+        SocketAddr::V6(a) if a.ip().is_unspecified() => {
+            Some(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, a.port()))
+        }
+        SocketAddr::V6(_) => None,
     }
 }
 
@@ -413,13 +449,26 @@ impl CmId {
         self.inner().state().ctx.clone()
     }
 
-    /// `rdma_get_local_addr`.
+    /// `rdma_get_local_addr` of an IPv4 id (and of one bound to `[::]`, as `0.0.0.0`); `None`
+    /// for an IPv6 address: see [`CmId::local_socket_addr`].
     pub fn local_addr(&self) -> Option<SocketAddrV4> {
+        self.local_socket_addr().and_then(as_v4)
+    }
+
+    /// `rdma_get_peer_addr` of an IPv4 id; `None` for an IPv6 peer: see
+    /// [`CmId::peer_socket_addr`].
+    pub fn peer_addr(&self) -> Option<SocketAddrV4> {
+        self.peer_socket_addr().and_then(as_v4)
+    }
+
+    /// `rdma_get_local_addr`, IPv4 or IPv6. An incoming connection's id has the address the
+    /// peer connected to (an IPv4 one for an IPv4 peer of an id bound to `[::]`, as Linux).
+    pub fn local_socket_addr(&self) -> Option<SocketAddr> {
         self.inner().state().local
     }
 
-    /// `rdma_get_peer_addr`.
-    pub fn peer_addr(&self) -> Option<SocketAddrV4> {
+    /// `rdma_get_peer_addr`, IPv4 or IPv6.
+    pub fn peer_socket_addr(&self) -> Option<SocketAddr> {
         self.inner().state().remote
     }
 
@@ -439,9 +488,11 @@ impl CmId {
                 .req
                 .clone()
                 .ok_or(CmaError::InvalidState("no connection"))?;
+            let sgid_index = st.sgid_index();
             st.settled = Some(Transition {
                 qpn: 0,
                 peer_gid: req.peer.gid,
+                sgid_index,
                 remote_qpn: req.remote_qpn,
                 rq_psn: random_psn(),
                 sq_psn: req.remote_psn,
@@ -485,13 +536,15 @@ impl CmId {
         Ok(())
     }
 
-    /// `rdma_bind_addr`: port 0 picks an ephemeral port ([`CmId::local_addr`] tells which);
-    /// address 0.0.0.0 binds every device.
-    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
-        let addr = v4(addr)?;
+    /// `rdma_bind_addr`, IPv4 or IPv6 (`impl Into<SocketAddr>`: a `SocketAddrV4` will do):
+    /// port 0 picks an ephemeral port ([`CmId::local_socket_addr`] tells which); `0.0.0.0`
+    /// binds every device for IPv4, `[::]` every device for IPv4 and IPv6 (as Linux with
+    /// `bindv6only` 0), an address the device that has it.
+    pub fn bind_addr(&self, addr: impl Into<SocketAddr>) -> Result<()> {
+        let mut addr = unmapped(addr.into());
         let mut st = self.inner().state();
         Self::check_phase(&st, &[Phase::Idle])?;
-        let ip = *addr.ip();
+        let ip = addr.ip();
         let ctx = if ip.is_unspecified() {
             None
         } else {
@@ -499,7 +552,8 @@ impl CmId {
         };
         let port = route::bind_port(self.inner().ps, ip, addr.port())?;
         st.reservation = Some((ip, port));
-        st.local = Some(SocketAddrV4::new(ip, port));
+        addr.set_port(port);
+        st.local = Some(addr);
         st.ctx = ctx;
         st.phase = Phase::Bound;
         Ok(())
@@ -514,7 +568,7 @@ impl CmId {
         } else {
             backlog
         };
-        let (ctxs, sid, port) = {
+        let (ctxs, sid, port, ip) = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::Bound])?;
             let local = st.local.expect("bound");
@@ -522,27 +576,29 @@ impl CmId {
                 Some(c) => vec![c.clone()],
                 None => route::all_contexts()?,
             };
-            (ctxs, self.inner().ps.service_id(local.port()), local.port())
+            let sid = self.inner().ps.service_id(local.port());
+            (ctxs, sid, local.port(), local.ip())
         };
+        let me = self.inner().clone();
         let mut done: Vec<Context> = Vec::new();
         for c in &ctxs {
             let ok = c.with_cma(|core, _, _| {
                 core.attach(c);
-                core.add_listener(sid, Arc::downgrade(&self.0), self.inner().clone(), backlog)
+                core.add_listener(sid, ip, Arc::downgrade(&self.0), me.clone(), backlog)
             })?;
             // Other processes on the same address: REQs for the port are steered here, unless
             // one of them listens on it already.
             let ok = ok && {
-                let steered = c.shared.io.set_listening(port, true).is_ok();
+                let steered = c.shared.io.set_listening(port, true, ip).is_ok();
                 if !steered {
-                    let _ = c.with_cma(|core, _, _| core.remove_listener(sid));
+                    let _ = c.with_cma(|core, _, _| core.remove_listener(sid, &me));
                 }
                 steered
             };
             if !ok {
                 for d in &done {
-                    let _ = d.with_cma(|core, _, _| core.remove_listener(sid));
-                    let _ = d.shared.io.set_listening(port, false);
+                    let _ = d.with_cma(|core, _, _| core.remove_listener(sid, &me));
+                    let _ = d.shared.io.set_listening(port, false, ip);
                 }
                 return Err(CmaError::AddrInUse);
             }
@@ -555,27 +611,35 @@ impl CmId {
     }
 
     /// `rdma_resolve_addr`: pick the local device and address toward `dst` (from `src` if
-    /// given) and bind an ephemeral port if unbound. Reports ADDR_RESOLVED or ADDR_ERROR.
+    /// given), IPv4 or IPv6, and bind an ephemeral port if unbound. Reports ADDR_RESOLVED or
+    /// ADDR_ERROR. The source, given or bound, must be of the destination's family.
     pub fn resolve_addr(
         &self,
         src: Option<SocketAddr>,
-        dst: SocketAddr,
+        dst: impl Into<SocketAddr>,
         timeout: Duration,
     ) -> Result<()> {
         let _ = timeout; // resolution is immediate: the kernel's IP stack does ARP for us
-        let dst = v4(dst)?;
+        let dst = unmapped(dst.into());
         if dst.ip().is_unspecified() {
             return Err(CmaError::InvalidArgument("destination address"));
         }
-        let src = src.map(v4).transpose()?;
+        let src = src.map(unmapped);
         let mut st = self.inner().state();
         Self::check_phase(&st, &[Phase::Idle, Phase::Bound])?;
-        let ctx = match (&st.ctx, src) {
-            (Some(c), _) => Ok(c.clone()),
-            (None, Some(s)) if !s.ip().is_unspecified() => route::context_for_local(*s.ip()),
-            _ => route::context_toward(*dst.ip()),
+        let bound = st.local.filter(|a| !a.ip().is_unspecified());
+        let from = bound.or(src.filter(|s| !s.ip().is_unspecified()));
+        if from.is_some_and(|a| a.is_ipv4() != dst.is_ipv4()) {
+            return Err(CmaError::InvalidArgument(
+                "source and destination address families differ",
+            ));
+        }
+        let found = match (&st.ctx, from) {
+            (Some(c), Some(a)) => Ok((c.clone(), a.ip())),
+            (None, Some(a)) => route::context_for_local(a.ip()).map(|c| (c, a.ip())),
+            _ => route::context_toward(dst),
         };
-        let ctx = match ctx {
+        let (ctx, ip) = match found {
             Ok(c) => c,
             Err(e) => {
                 drop(st);
@@ -584,11 +648,18 @@ impl CmId {
             }
         };
         if st.reservation.is_none() {
-            let port = route::bind_port(self.inner().ps, ctx.addr(), src.map_or(0, |s| s.port()))?;
-            st.reservation = Some((ctx.addr(), port));
+            let port = route::bind_port(self.inner().ps, ip, src.map_or(0, |s| s.port()))?;
+            st.reservation = Some((ip, port));
         }
         let port = st.reservation.expect("reserved").1;
-        st.local = Some(SocketAddrV4::new(ctx.addr(), port));
+        // A link-local source has the destination's scope (the interface it is on).
+        let local = match (ip, dst) {
+            (IpAddr::V6(a), SocketAddr::V6(d)) => {
+                SocketAddr::V6(std::net::SocketAddrV6::new(a, port, 0, d.scope_id()))
+            }
+            (ip, _) => SocketAddr::new(ip, port),
+        };
+        st.local = Some(local);
         st.remote = Some(dst);
         st.mtu = ctx.device().active_mtu();
         st.ctx = Some(ctx);
@@ -699,7 +770,9 @@ impl CmId {
             };
             st.own_qp = own;
             let rq_psn = random_psn();
-            let mut p = ConnectParams::rdma_cm_tcp(local, remote, qpn, rq_psn);
+            let mut p = ConnectParams::rdma_cm_tcp_ip(local, remote, qpn, rq_psn);
+            // The CM's MADs to the peer go out from the id's address.
+            core.set_route(gid_from_ip(remote.ip()), gid_from_ip(local.ip()));
             p.responder_resources = param.responder_resources;
             p.initiator_depth = param.initiator_depth;
             p.retry_count = param.retry_count;
@@ -745,9 +818,15 @@ impl CmId {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::RouteResolved])?;
             let (local, remote) = (st.local.expect("resolved"), st.remote.expect("resolved"));
+            let hdr = match (local, remote.ip()) {
+                (SocketAddr::V6(l), IpAddr::V6(r)) => CmaHdr::v6(l, r),
+                (SocketAddr::V4(l), IpAddr::V4(r)) => CmaHdr::v4(l, r),
+                _ => return Err(CmaError::InvalidArgument("address families differ")),
+            };
+            core.set_route(gid_from_ip(remote.ip()), gid_from_ip(local.ip()));
             let mut p = SidrParams::rdma_cm_udp(
-                MadAddr::gsi_v4(*remote.ip()),
-                CmaHdr::v4(local, *remote.ip()),
+                MadAddr::gsi(remote.ip()),
+                hdr,
                 remote.port(),
                 param.private_data.clone(),
             );
@@ -847,6 +926,7 @@ impl CmId {
             let t = Transition {
                 qpn,
                 peer_gid: req.peer.gid,
+                sgid_index: st.sgid_index(),
                 remote_qpn: req.remote_qpn,
                 rq_psn,
                 sq_psn: req.remote_psn,
@@ -1025,8 +1105,8 @@ impl Context {
         let mut e = s.lock_engine_for_verb()?;
         let now = Instant::now();
         let r = e.with_cma(now, f);
-        e.flush_cma(&s.io, s.addr, now);
-        e.flush_dirty(&s.io, &s.mrs, &s.async_events, s.addr, now);
+        e.flush_cma(&s.io, now);
+        e.flush_dirty(&s.io, &s.mrs, &s.async_events, now);
         s.kick_if_earlier(e.next_deadline());
         Ok(r)
     }

@@ -12,12 +12,18 @@
 //! Events come from [`EventChannel::get_cm_event`] (its [`EventChannel::fd`] is pollable) and
 //! are acknowledged by [`CmEvent::ack`] or by dropping them. The ids share one device context
 //! per device ([`CmId::context`]): allocate the PD and CQs there.
+//!
+//! Addresses are IPv4 or IPv6 (`SocketAddr`), as with Linux: an id bound to `[::]` listens on
+//! every device and takes IPv4 and IPv6 connections; one bound to `0.0.0.0` every device,
+//! IPv4 only; an IPv6 connection runs over the devices' IPv6 GIDs (the rdma_cm header's IPv6
+//! form in the REQ, RoCEv2 over IPv6 on the wire).
 
 mod channel;
 pub(crate) mod core;
 mod error;
 mod event;
 mod id;
+mod listeners;
 mod route;
 
 pub use crate::cm::service_id::PortSpace;

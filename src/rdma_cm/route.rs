@@ -3,7 +3,7 @@
 //! and the port table of each port space.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Mutex, OnceLock};
 
 use super::error::{CmaError, Result};
@@ -19,8 +19,8 @@ struct Registry {
     contexts: HashMap<String, Context>,
     /// Contexts bound to other addresses of a device on request (a given 127.x on `lo`).
     extra: Vec<Context>,
-    /// Bound ports: (port space, port) -> addresses bound on it (UNSPECIFIED: wildcard).
-    ports: HashMap<(PortSpace, u16), Vec<Ipv4Addr>>,
+    /// Bound ports: (port space, port) -> addresses bound on it (`0.0.0.0` or `::`: wildcard).
+    ports: HashMap<(PortSpace, u16), Vec<IpAddr>>,
     next_ephemeral: u16,
 }
 
@@ -66,32 +66,45 @@ pub(crate) fn all_contexts() -> Result<Vec<Context>> {
     Ok(out)
 }
 
-/// The context whose endpoint has address `a`. Any 127.x address is on `lo`: if no context has
-/// it yet, one is bound to exactly that address (another process holding it: `AddrInUse`).
-pub(crate) fn context_for_local(a: Ipv4Addr) -> Result<Context> {
+/// Whether the context's endpoint is bound to `a` (IPv4 or IPv6).
+fn has_addr(c: &Context, a: IpAddr) -> bool {
+    c.ip_addrs().contains(&a)
+}
+
+/// The context whose endpoint has address `a` (IPv4 or IPv6). Any 127.x address is on `lo`: if
+/// no context has it yet, one is bound to exactly that address (another process holding it:
+/// `AddrInUse`).
+pub(crate) fn context_for_local(a: IpAddr) -> Result<Context> {
     {
         let r = registry();
         if let Some(c) = r
             .contexts
             .values()
             .chain(r.extra.iter())
-            .find(|c| c.addr() == a)
+            .find(|c| has_addr(c, a))
         {
             return Ok(c.clone());
         }
     }
     let devs = devices()?;
-    if let Some(dev) = devs.iter().find(|d| d.addr() == a) {
+    let on_dev = |d: &&Device| match a {
+        IpAddr::V4(v4) => d.ipv4() == Some(v4),
+        IpAddr::V6(v6) => d.ipv6_addrs().contains(&v6),
+    };
+    if let Some(dev) = devs.iter().find(on_dev) {
         let c = context_for(dev)?;
-        if c.addr() == a {
+        if has_addr(&c, a) {
             return Ok(c);
         }
     }
+    let IpAddr::V4(a) = a else {
+        return Err(CmaError::AddrNotAvailable(a));
+    };
     let lo = devs
         .iter()
         .find(|d| d.addr().is_loopback())
         .filter(|_| a.is_loopback())
-        .ok_or(CmaError::AddrNotAvailable(a))?;
+        .ok_or(CmaError::AddrNotAvailable(a.into()))?;
     let c = match lo.at(a).open() {
         Ok(c) => c,
         // Taken by another process.
@@ -102,40 +115,74 @@ pub(crate) fn context_for_local(a: Ipv4Addr) -> Result<Context> {
     Ok(c)
 }
 
-/// The context that reaches `dst`: a loopback destination goes out the loopback device; else
-/// the device whose address the kernel's routing table picks as the source toward `dst`.
-pub(crate) fn context_toward(dst: Ipv4Addr) -> Result<Context> {
+/// The context that reaches `dst` (IPv4 or IPv6; a link-local IPv6 address with its scope),
+/// and the local address it reaches it from: a loopback destination goes out the loopback
+/// device; else the device whose address the kernel's routing table picks as the source toward
+/// `dst`.
+pub(crate) fn context_toward(dst: SocketAddr) -> Result<(Context, IpAddr)> {
     let devs = devices()?;
     if devs.is_empty() {
         return Err(CmaError::NoDevice);
     }
-    if devs.len() == 1 {
-        return context_for(&devs[0]);
-    }
-    if dst.is_loopback() {
-        if let Some(d) = devs.iter().find(|d| d.addr().is_loopback()) {
-            return context_for(d);
-        }
-    }
-    if let Some(d) = devs.iter().find(|d| d.addr() == dst) {
-        return context_for(d);
-    }
-    // Ask the routing table: a connected UDP socket learns its source address (no packet).
-    let s = UdpSocket::bind("0.0.0.0:0")?;
-    s.connect(SocketAddrV4::new(dst, 9))?;
-    let src = match s.local_addr()? {
-        std::net::SocketAddr::V4(a) => *a.ip(),
-        _ => return Err(CmaError::NoDevice),
+    let ip = dst.ip();
+    let of = |d: &Device, a: IpAddr| match a {
+        IpAddr::V4(v4) => d.ipv4() == Some(v4),
+        IpAddr::V6(v6) => d.ipv6_addrs().contains(&v6),
     };
-    let d = devs
-        .iter()
-        .find(|d| d.addr() == src)
-        .ok_or(CmaError::AddrNotAvailable(src))?;
-    context_for(d)
+    let same_family = |c: &Context, a: IpAddr| {
+        c.ip_addrs()
+            .into_iter()
+            .find(|l| l.is_ipv4() == a.is_ipv4())
+            .ok_or(CmaError::AddrNotAvailable(a))
+    };
+    if devs.len() == 1 {
+        // One device (`SOFTRDMA_ADDR`): it is the way out.
+        let c = context_for(&devs[0])?;
+        let local = same_family(&c, ip)?;
+        return Ok((c, local));
+    }
+    // The source: the destination itself when it is ours, the loopback address of its family
+    // toward loopback, else what the routing table picks (a connected UDP socket learns its
+    // source address; no packet is sent).
+    let src = if devs.iter().any(|d| of(d, ip)) {
+        ip
+    } else if ip.is_loopback() {
+        match ip {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        }
+    } else {
+        let any: SocketAddr = match dst {
+            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let s = UdpSocket::bind(any)?;
+        let mut to = dst;
+        to.set_port(9);
+        s.connect(to)?;
+        s.local_addr()?.ip()
+    };
+    let d = if src.is_loopback() && src.is_ipv4() {
+        // Any 127.x is the loopback device's (its context may be on another one).
+        devs.iter().find(|d| d.addr().is_loopback())
+    } else {
+        devs.iter().find(|d| of(d, src))
+    }
+    .ok_or(CmaError::AddrNotAvailable(src))?;
+    let c = context_for(d)?;
+    // The context's own address of that family (a loopback context may be on another 127.x).
+    let local = if has_addr(&c, src) {
+        src
+    } else {
+        same_family(&c, src)?
+    };
+    Ok((c, local))
 }
 
-/// Reserve `port` (0: an ephemeral one) on `addr` in port space `ps`. Returns the port.
-pub(crate) fn bind_port(ps: PortSpace, addr: Ipv4Addr, port: u16) -> Result<u16> {
+/// Reserve `port` (0: an ephemeral one) on `addr` in port space `ps`. Returns the port. As
+/// Linux's rdma_cm (`cma_check_port`, with `bindv6only` 0): a wildcard of either family
+/// conflicts with every other binding of the port, and two bindings of one address conflict.
+pub(crate) fn bind_port(ps: PortSpace, addr: IpAddr, port: u16) -> Result<u16> {
     let mut r = registry();
     let conflicts = |r: &Registry, p: u16| {
         r.ports.get(&(ps, p)).is_some_and(|v| {
@@ -166,7 +213,7 @@ pub(crate) fn bind_port(ps: PortSpace, addr: Ipv4Addr, port: u16) -> Result<u16>
 }
 
 /// Give back a reservation made by [`bind_port`].
-pub(crate) fn release_port(ps: PortSpace, addr: Ipv4Addr, port: u16) {
+pub(crate) fn release_port(ps: PortSpace, addr: IpAddr, port: u16) {
     let mut r = registry();
     if let Some(v) = r.ports.get_mut(&(ps, port)) {
         if let Some(i) = v.iter().position(|b| *b == addr) {

@@ -274,6 +274,8 @@ impl Completion {
 pub struct WcGrh {
     /// The sender's GID (IPv4-mapped over RoCEv2/IPv4).
     pub sgid: [u8; 16],
+    /// The GID the message was sent to: the local address it came to.
+    pub dgid: [u8; 16],
     pub hop_limit: u8,
     pub traffic_class: u8,
 }

@@ -90,6 +90,18 @@ impl NetHeader {
         }
     }
 
+    /// The GID the packet was sent to (IPv4-mapped for IPv4).
+    pub fn dst_gid(&self) -> [u8; 16] {
+        match self {
+            NetHeader::V4(h) => gid_from_ipv4(Ipv4Addr::new(h[16], h[17], h[18], h[19])),
+            NetHeader::V6(h) => {
+                let mut g = [0u8; 16];
+                g.copy_from_slice(&h[24..40]);
+                g
+            }
+        }
+    }
+
     pub fn network_type(&self) -> NetworkType {
         match self {
             NetHeader::V4(_) => NetworkType::Ipv4,
@@ -364,6 +376,7 @@ impl UdQp {
         wc.qp_num = self.qpn;
         wc.grh = extra.map(|(h, hop_limit, traffic_class)| WcGrh {
             sgid: h.src_gid(),
+            dgid: h.dst_gid(),
             hop_limit,
             traffic_class,
         });

@@ -3,17 +3,14 @@
 use std::sync::Arc;
 
 use super::context::Shared;
-use super::device::ipv4_from_gid;
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
 use crate::transport::{AddressVector, Completion, CqSide};
 
 /// `struct ibv_ah_attr` with its GRH: the same fields as a connected QP's address vector. Over
-/// RoCEv2 every AH is global: `dgid` carries the peer's IP address (IPv4-mapped).
+/// RoCEv2 every AH is global: `dgid` carries the peer's IP address (IPv4-mapped, or IPv6), and
+/// `sgid_index` picks the local address it is sent from.
 pub type AhAttr = AddressVector;
-
-/// Entries in the GID table (`gid_tbl_len`).
-const GID_TBL_LEN: u8 = 2;
 
 /// An address handle (`struct ibv_ah`), created in a protection domain and usable by the UD QPs
 /// of that PD. Dropping it destroys it (`ibv_destroy_ah`); WRs already posted keep their copy.
@@ -29,17 +26,12 @@ impl AddressHandle {
         if attr.port_num != 1 {
             return Err(VerbsError::InvalidArgument("AH: port_num must be 1"));
         }
-        if attr.sgid_index >= GID_TBL_LEN {
-            return Err(VerbsError::InvalidArgument(
-                "AH: sgid_index out of the GID table",
-            ));
-        }
-        // RoCE needs a GRH, and this device speaks RoCEv2 over IPv4 only.
-        if ipv4_from_gid(&attr.dgid).is_none() {
-            return Err(VerbsError::InvalidArgument(
-                "AH: dgid must be an IPv4-mapped RoCEv2 GID (RoCE has no LID-only AH)",
-            ));
-        }
+        // RoCE needs a GRH: the dgid is an IP address of a family the device has.
+        pd.shared
+            .io
+            .gids
+            .check(&attr.dgid, attr.sgid_index)
+            .map_err(VerbsError::InvalidArgument)?;
         Ok(AddressHandle {
             av: *attr,
             pd: pd.id,
@@ -48,17 +40,25 @@ impl AddressHandle {
     }
 
     /// `ibv_init_ah_from_wc` + `ibv_create_ah` (`ibv_create_ah_from_wc`): an AH that answers the
-    /// sender of a received UD message, from the GRH its completion carries.
+    /// sender of a received UD message, from the GRH its completion carries, sent from the
+    /// address the message came to.
     pub fn from_completion(
         pd: &ProtectionDomain,
         port_num: u8,
         wc: &Completion,
     ) -> Result<AddressHandle> {
-        Self::create(pd, &Self::attr_from_completion(port_num, wc)?)
+        let mut attr = Self::attr_from_completion(port_num, wc)?;
+        if let Some(i) = wc.grh.and_then(|g| pd.shared.io.gids.index_of(&g.dgid)) {
+            attr.sgid_index = i as u8;
+        }
+        Self::create(pd, &attr)
     }
 
     /// `ibv_init_ah_from_wc`: the AH attributes that answer the sender of a received UD message
-    /// (destination GID = the sender's GID, from the completion's GRH).
+    /// (destination GID = the sender's GID, from the completion's GRH). Without the context's
+    /// GID table at hand, `sgid_index` is 0: an IPv6 sender is then answered from the
+    /// device's first IPv6 address (see [`Context::gid_index`](super::Context::gid_index)
+    /// for the index of the address it came to, `WcGrh::dgid`).
     pub fn attr_from_completion(port_num: u8, wc: &Completion) -> Result<AhAttr> {
         let grh = match (wc.side, wc.grh) {
             (CqSide::Recv, Some(g)) => g,
@@ -94,9 +94,9 @@ impl std::fmt::Debug for AddressHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "AddressHandle(pd {}, {:?})",
+            "AddressHandle(pd {}, {})",
             self.pd,
-            ipv4_from_gid(&self.av.dgid)
+            crate::wire::gid::gid_to_ip(&self.av.dgid)
         )
     }
 }

@@ -1,6 +1,6 @@
 //! A device context (`ibv_open_device`): the endpoint's socket, its engine and progress thread.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV6};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +20,7 @@ use crate::driver::socket::Io;
 
 pub(crate) struct Shared {
     pub device: Device,
+    /// The IPv4 address the endpoint is bound to (`0.0.0.0`: none).
     pub addr: Ipv4Addr,
     pub mrs: MrTable,
     pub engine: Mutex<Engine>,
@@ -73,13 +74,7 @@ impl Shared {
             return;
         }
         let mut e = self.lock_engine();
-        e.drive(
-            &self.io,
-            &self.mrs,
-            &self.async_events,
-            self.addr,
-            Instant::now(),
-        );
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
         self.kick_if_earlier(e.next_deadline());
     }
 
@@ -98,13 +93,7 @@ impl Shared {
             Err(std::sync::TryLockError::WouldBlock) => return,
         };
         self.remove_deferred(&mut e);
-        e.drive(
-            &self.io,
-            &self.mrs,
-            &self.async_events,
-            self.addr,
-            Instant::now(),
-        );
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
         self.kick_if_earlier(e.next_deadline());
     }
 
@@ -198,19 +187,30 @@ pub struct Context {
 
 impl Context {
     pub(crate) fn open(device: Device, opts: &ContextOptions) -> Result<Context> {
-        let io = Arc::new(Io::bind(device.addr(), device.pinned()).map_err(|e| {
+        let v6: Vec<SocketAddrV6> = device
+            .v6()
+            .iter()
+            .map(|a| SocketAddrV6::new(a.ip, 0, 0, a.scope))
+            .collect();
+        let io = Io::bind(device.ipv4(), &v6, device.pinned()).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AddrInUse {
-                VerbsError::AddrInUse(device.addr())
+                let ip = match (device.ipv4(), device.v6().first()) {
+                    (Some(a), _) => IpAddr::V4(a),
+                    (None, Some(a)) => IpAddr::V6(a.ip),
+                    (None, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                };
+                VerbsError::AddrInUse(ip)
             } else {
                 e.into()
             }
-        })?);
-        let addr = io.local_addr();
+        })?;
+        let io = Arc::new(io);
+        let addr = io.local_v4().unwrap_or(Ipv4Addr::UNSPECIFIED);
         let pcap = opts
             .pcap
             .clone()
             .or_else(|| std::env::var_os("SOFTRDMA_PCAP").map(Into::into));
-        let engine = Engine::new(pcap, addr, io.slot(), io.gso)?;
+        let engine = Engine::new(pcap, &io, guid_of_io(&io))?;
         let shared = Arc::new(Shared {
             device,
             addr,
@@ -237,14 +237,21 @@ impl Context {
         &self.shared.device
     }
 
-    /// The IPv4 address the endpoint is bound to (UDP port 4791).
+    /// The IPv4 address the endpoint is bound to (UDP port 4791); `0.0.0.0` when it has none
+    /// (an IPv6-only device). [`Context::ip_addrs`] lists every address.
     pub fn addr(&self) -> Ipv4Addr {
         self.shared.addr
     }
 
+    /// Every address the endpoint is bound to (UDP port 4791), in the order of the GID table:
+    /// the IPv4 address first, when there is one, then the IPv6 addresses.
+    pub fn ip_addrs(&self) -> Vec<IpAddr> {
+        self.shared.io.socks.iter().map(|s| s.local.ip()).collect()
+    }
+
     /// Node GUID: derived from the bound address, as rxe derives it from the MAC.
     pub fn node_guid(&self) -> u64 {
-        guid_from_ipv4(self.shared.addr)
+        guid_of_io(&self.shared.io)
     }
 
     /// `ibv_query_device`.
@@ -286,7 +293,7 @@ impl Context {
             state: PortState::Active,
             max_mtu: crate::transport::Mtu::Mtu4096,
             active_mtu: self.shared.device.active_mtu(),
-            gid_tbl_len: 2,
+            gid_tbl_len: self.shared.io.gids.len() as u32,
             max_msg_sz: MAX_MSG,
             pkey_tbl_len: 1,
             lid: 0,
@@ -294,17 +301,29 @@ impl Context {
         })
     }
 
-    /// `ibv_query_gid`: indexes 0 and 1 both hold the RoCEv2 IPv4-mapped GID of the endpoint.
+    /// `ibv_query_gid`: the RoCE v2 GID of each address, as rdma_rxe lists a netdev's: indexes
+    /// 0 and 1 both hold the IPv4-mapped GID (`::ffff:a.b.c.d`) when the endpoint has an IPv4
+    /// address (else its first IPv6 address), and its IPv6 addresses follow (global ones, then
+    /// link-local ones); `gid_tbl_len` entries in all ([`Context::query_port`]).
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
-        if port != 1 || index > 1 {
+        if port != 1 {
             return Err(VerbsError::InvalidArgument("no such GID"));
         }
-        Ok(gid_from_ipv4(self.shared.addr))
+        self.shared
+            .io
+            .gids
+            .get(index as usize)
+            .ok_or(VerbsError::InvalidArgument("no such GID"))
     }
 
-    /// The endpoint's GID.
+    /// The endpoint's GID: index 0 of the GID table (the IPv4-mapped GID when there is one).
     pub fn gid(&self) -> [u8; 16] {
-        gid_from_ipv4(self.shared.addr)
+        self.shared.io.gids.get(0).unwrap_or([0; 16])
+    }
+
+    /// The first GID table index holding `gid` (`ibv_find_gid_index`), if any.
+    pub fn gid_index(&self, gid: &[u8; 16]) -> Option<u32> {
+        self.shared.io.gids.index_of(gid).map(|i| i as u32)
     }
 
     /// `ibv_alloc_pd`.
@@ -383,9 +402,18 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Context({} on {})",
+            "Context({} on {:?})",
             self.shared.device.name(),
-            self.shared.addr
+            self.ip_addrs()
         )
     }
+}
+
+/// The node GUID of an endpoint: from its IPv4 address, else its first IPv6 address.
+fn guid_of_io(io: &Io) -> u64 {
+    let v6 = io.socks.iter().find_map(|s| match s.local.ip() {
+        IpAddr::V6(a) => Some(a),
+        IpAddr::V4(_) => None,
+    });
+    super::device::guid_of(io.local_v4(), v6)
 }

@@ -1,10 +1,10 @@
 //! Devices: one user-space RoCEv2 endpoint per network interface, shared by every process.
 
-use std::ffi::CStr;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::context::{Context, ContextOptions};
 use super::error::{Result, VerbsError};
+use super::netif::{default_route_interface, interfaces, Interface, V6Addr};
 use crate::transport::Mtu;
 pub(crate) use crate::wire::gid::guid_from_ipv4;
 pub use crate::wire::gid::{gid_from_ipv4, ipv4_from_gid};
@@ -25,149 +25,100 @@ pub(crate) const MAX_SRQ: usize = 0x1000;
 pub(crate) const MAX_SRQ_WR: u32 = 0x4000;
 pub(crate) const MAX_SRQ_SGE: u32 = 27;
 
-/// An RDMA device (`struct ibv_device`): a RoCEv2 endpoint on one local IPv4 address.
+/// An RDMA device (`struct ibv_device`): a RoCEv2 endpoint on the IP addresses of one network
+/// interface (its IPv4 address and its IPv6 addresses, as rdma_rxe's GID table lists them).
 #[derive(Clone, Debug)]
 pub struct Device {
     name: String,
     ifname: String,
-    addr: Ipv4Addr,
+    v4: Option<Ipv4Addr>,
+    /// Global addresses first, then link-local ones.
+    v6: Vec<V6Addr>,
     if_mtu: u32,
-    /// Bind exactly `addr` (`SOFTRDMA_ADDR`, or an rdma_cm bind to one 127.x address): when it
-    /// is taken, opening fails instead of moving to the next free loopback address.
+    /// Bind exactly these addresses (`SOFTRDMA_ADDR`, or an rdma_cm bind to one 127.x address):
+    /// when one is taken, opening fails instead of moving to the next free loopback address or
+    /// going on without it.
     pinned: bool,
 }
 
-/// `ibv_get_device_list`: one device per network interface with an IPv4 address, named `srxe0`,
+/// `ibv_get_device_list`: one device per network interface with an IP address, named `srxe0`,
 /// `srxe1`, …: first the interface of the default route (so the first device, the one programs
 /// open by default, reaches other hosts), then the other interfaces, the loopback device last.
-/// Any number of processes open a device at once (`driver::share`). With
-/// `SOFTRDMA_ADDR=a.b.c.d` set, exactly one device, pinned to that address.
+/// A device has the interface's first IPv4 address and its IPv6 addresses (an interface with
+/// only IPv6 addresses gets a device too). Any number of processes open a device at once
+/// (`driver::share`). With `SOFTRDMA_ADDR=a.b.c.d` (or an IPv6 address, `fe80::1%eth0` for a
+/// link-local one) set, exactly one device, pinned to that one address.
 pub fn devices() -> Result<Vec<Device>> {
     if let Ok(a) = std::env::var("SOFTRDMA_ADDR") {
-        let addr: Ipv4Addr = a
-            .parse()
-            .map_err(|_| VerbsError::InvalidArgument("SOFTRDMA_ADDR is not an IPv4 address"))?;
-        // The interface with that address, else the one whose subnet holds it (127.0.0.9 is on
-        // `lo`, whose address is 127.0.0.1/8).
-        let ifs = interfaces()?;
-        let (ifname, if_mtu) = ifs
-            .iter()
-            .find(|i| i.addr == addr)
-            .or_else(|| ifs.iter().find(|i| i.contains(addr)))
-            .map(|i| (i.name.clone(), i.mtu))
-            .unwrap_or_else(|| (String::from("?"), 1500));
-        return Ok(vec![Device {
-            name: "srxe0".into(),
-            ifname,
-            addr,
-            if_mtu,
-            pinned: true,
-        }]);
+        return pinned_device(&a).map(|d| vec![d]);
     }
-    let mut ifs = interfaces()?;
-    // One device per interface, on its first IPv4 address, as rdma_rxe has one per netdev.
-    let mut seen = std::collections::HashSet::new();
-    ifs.retain(|i| seen.insert(i.name.clone()));
-    // The first device is one a peer on another host reaches (programs take the first, as
-    // ibv_rc_pingpong and perftest do): the default route's interface, then the other running
-    // ones; the loopback device last.
-    let default_if = default_route_interface();
+    Ok(devices_from(interfaces()?, default_route_interface()))
+}
+
+/// The device list of these interfaces. The first device is one a peer on another host reaches
+/// (programs take the first, as ibv_rc_pingpong and perftest do): the default route's
+/// interface, then the other running ones; the loopback device last.
+fn devices_from(mut ifs: Vec<Interface>, default_if: Option<String>) -> Vec<Device> {
     ifs.sort_by_key(|i| {
         (
-            i.addr.is_loopback(),
+            i.loopback || i.v4.is_some_and(|(a, _)| a.is_loopback()),
             Some(&i.name) != default_if.as_ref(),
             !i.running,
         )
     });
-    Ok(ifs
-        .into_iter()
+    ifs.into_iter()
         .enumerate()
         .map(|(i, f)| Device {
             name: format!("srxe{i}"),
             ifname: f.name,
-            addr: f.addr,
+            v4: f.v4.map(|(a, _)| a),
+            v6: f.v6,
             if_mtu: f.mtu,
             pinned: false,
         })
-        .collect())
+        .collect()
 }
 
-/// The interface of the IPv4 default route (`/proc/net/route`), if there is one.
-fn default_route_interface() -> Option<String> {
-    let table = std::fs::read_to_string("/proc/net/route").ok()?;
-    table.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() > 7 && f[1] == "00000000" && f[7] == "00000000").then(|| f[0].to_string())
+/// The one device `SOFTRDMA_ADDR` names.
+fn pinned_device(a: &str) -> Result<Device> {
+    const BAD: &str = "SOFTRDMA_ADDR is not an IPv4 or IPv6 address";
+    let (ip, zone) = match a.split_once('%') {
+        Some((ip, zone)) => (ip, Some(zone)),
+        None => (a, None),
+    };
+    let ip: IpAddr = ip.parse().map_err(|_| VerbsError::InvalidArgument(BAD))?;
+    let ifs = interfaces()?;
+    // The interface with that address, else the one whose subnet holds it (127.0.0.9 is on
+    // `lo`, whose address is 127.0.0.1/8).
+    let found = match ip {
+        IpAddr::V4(v4) => ifs
+            .iter()
+            .find(|i| i.v4.is_some_and(|(a, _)| a == v4))
+            .or_else(|| ifs.iter().find(|i| i.contains(v4))),
+        IpAddr::V6(v6) => ifs
+            .iter()
+            .find(|i| i.v6.iter().any(|a| a.ip == v6) && zone.map_or(true, |z| z == i.name)),
+    };
+    let (ifname, if_mtu) = found
+        .map(|i| (i.name.clone(), i.mtu))
+        .unwrap_or_else(|| (String::from("?"), 1500));
+    let (v4, v6) = match ip {
+        IpAddr::V4(a) => (Some(a), Vec::new()),
+        IpAddr::V6(v6) => {
+            let scope = found
+                .and_then(|i| i.v6.iter().find(|a| a.ip == v6))
+                .map_or(0, |a| a.scope);
+            (None, vec![V6Addr { ip: v6, scope }])
+        }
+    };
+    Ok(Device {
+        name: "srxe0".into(),
+        ifname,
+        v4,
+        v6,
+        if_mtu,
+        pinned: true,
     })
-}
-
-/// One local IPv4 interface address.
-struct Interface {
-    name: String,
-    addr: Ipv4Addr,
-    mask: Ipv4Addr,
-    mtu: u32,
-    /// IFF_RUNNING: up with a carrier.
-    running: bool,
-}
-
-impl Interface {
-    fn contains(&self, a: Ipv4Addr) -> bool {
-        let m = u32::from(self.mask);
-        m != 0 && u32::from(a) & m == u32::from(self.addr) & m
-    }
-}
-
-/// Local IPv4 interface addresses with their netmasks and MTUs (getifaddrs).
-fn interfaces() -> Result<Vec<Interface>> {
-    let mut out = Vec::new();
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into `ifap`; we free it with freeifaddrs below.
-    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    let mut p = ifap;
-    while !p.is_null() {
-        // SAFETY: `p` is a node of the list getifaddrs returned, valid until freeifaddrs.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr is non-null and points to a sockaddr of at least sa_family's size.
-        let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
-        if family != libc::AF_INET || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
-            continue;
-        }
-        // SAFETY: for AF_INET the address is a sockaddr_in.
-        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-        let addr = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-        let mask = if ifa.ifa_netmask.is_null() {
-            Ipv4Addr::UNSPECIFIED
-        } else {
-            // SAFETY: for an AF_INET address the netmask, when present, is a sockaddr_in too.
-            let m = unsafe { &*(ifa.ifa_netmask as *const libc::sockaddr_in) };
-            Ipv4Addr::from(u32::from_be(m.sin_addr.s_addr))
-        };
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(1500);
-        out.push(Interface {
-            name,
-            addr,
-            mask,
-            mtu,
-            running: ifa.ifa_flags & libc::IFF_RUNNING as u32 != 0,
-        });
-    }
-    // SAFETY: `ifap` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(ifap) };
-    Ok(out)
 }
 
 impl Device {
@@ -180,20 +131,38 @@ impl Device {
         &self.ifname
     }
     /// The IPv4 address the device binds (on loopback, the first free 127.x address is used,
-    /// unless the address is pinned).
+    /// unless the address is pinned); `0.0.0.0` for a device without one (an interface with
+    /// only IPv6 addresses). See [`Device::ipv4`] and [`Device::ipv6_addrs`].
     pub fn addr(&self) -> Ipv4Addr {
-        self.addr
+        self.v4.unwrap_or(Ipv4Addr::UNSPECIFIED)
     }
-    /// Whether opening binds exactly [`Device::addr`] or fails ([`VerbsError::AddrInUse`]):
-    /// true for the device `SOFTRDMA_ADDR` names.
+    /// The IPv4 address, if the device has one.
+    pub fn ipv4(&self) -> Option<Ipv4Addr> {
+        self.v4
+    }
+    /// The IPv6 addresses (global ones first, then link-local ones), each a GID of the device.
+    pub fn ipv6_addrs(&self) -> Vec<Ipv6Addr> {
+        self.v6.iter().map(|a| a.ip).collect()
+    }
+    pub(crate) fn v6(&self) -> &[V6Addr] {
+        &self.v6
+    }
+    /// Whether opening binds exactly the device's addresses or fails
+    /// ([`VerbsError::AddrInUse`]): true for the device `SOFTRDMA_ADDR` names.
     pub fn pinned(&self) -> bool {
         self.pinned
     }
+    /// Whether the device is on the loopback interface.
+    pub fn is_loopback(&self) -> bool {
+        self.v4.is_some_and(|a| a.is_loopback())
+            || self.v6.first().is_some_and(|a| a.ip.is_loopback())
+    }
     /// Node GUID derived from the address, as rxe derives it from the MAC (an EUI-64 with the
-    /// address in place of the MAC's low bytes). A context opened on a busy loopback address
-    /// derives its GUID from the address it got instead ([`Context::node_guid`]).
+    /// IPv4 address, or the last four bytes of the first IPv6 address, in place of the MAC's
+    /// low bytes). A context opened on a busy loopback address derives its GUID from the
+    /// address it got instead ([`Context::node_guid`]).
     pub fn guid(&self) -> u64 {
-        guid_from_ipv4(self.addr)
+        guid_of(self.v4, self.v6.first().map(|a| a.ip))
     }
     /// The interface MTU.
     pub fn if_mtu(&self) -> u32 {
@@ -207,9 +176,9 @@ impl Device {
             .find(|m| m.bytes() <= usable)
             .unwrap_or(Mtu::Mtu256)
     }
-    /// `ibv_open_device`: bind the endpoint (UDP `addr:4791`; on loopback, if that is taken,
-    /// the next free 127.0.0.x, unless the device is [pinned](Device::pinned)) and start its
-    /// progress thread.
+    /// `ibv_open_device`: bind the endpoint (UDP 4791 on the IPv4 address — on loopback, if
+    /// that is taken, the next free 127.0.0.x, unless the device is [pinned](Device::pinned) —
+    /// and on each IPv6 address) and start its progress thread.
     pub fn open(&self) -> Result<Context> {
         Context::open(self.clone(), &ContextOptions::default())
     }
@@ -218,13 +187,27 @@ impl Device {
         Context::open(self.clone(), opts)
     }
 
-    /// The same device pinned to another address of its interface (another 127.x on `lo`).
+    /// The same device pinned to another IPv4 address of its interface (another 127.x on
+    /// `lo`), without IPv6 addresses.
     pub(crate) fn at(&self, addr: Ipv4Addr) -> Device {
         Device {
-            addr,
+            v4: Some(addr),
+            v6: Vec::new(),
             pinned: true,
             ..self.clone()
         }
+    }
+}
+
+/// The node GUID of a device or context with these addresses.
+pub(crate) fn guid_of(v4: Option<Ipv4Addr>, v6: Option<Ipv6Addr>) -> u64 {
+    match (v4, v6) {
+        (Some(a), _) => guid_from_ipv4(a),
+        (None, Some(a)) => {
+            let o = a.octets();
+            guid_from_ipv4(Ipv4Addr::new(o[12], o[13], o[14], o[15]))
+        }
+        (None, None) => guid_from_ipv4(Ipv4Addr::UNSPECIFIED),
     }
 }
 
@@ -286,4 +269,56 @@ pub struct PortAttr {
     /// 0 on Ethernet, as with rxe.
     pub lid: u16,
     pub link_layer_ethernet: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iface(name: &str, v4: Option<&str>, v6: &[&str], loopback: bool) -> Interface {
+        Interface {
+            name: name.into(),
+            v4: v4.map(|a| (a.parse().unwrap(), Ipv4Addr::new(255, 0, 0, 0))),
+            v6: v6
+                .iter()
+                .map(|a| V6Addr {
+                    ip: a.parse().unwrap(),
+                    scope: if a.starts_with("fe80") { 3 } else { 0 },
+                })
+                .collect(),
+            mtu: 1500,
+            running: true,
+            loopback,
+        }
+    }
+
+    #[test]
+    fn one_device_per_interface_ipv6_only_ones_included() {
+        let devs = devices_from(
+            vec![
+                iface("lo", Some("127.0.0.1"), &["::1"], true),
+                iface("v6only", None, &["fd00:1::5", "fe80::1"], false),
+                iface("eth0", Some("192.0.2.2"), &["fd00::2", "fe80::2"], false),
+            ],
+            Some("eth0".into()),
+        );
+        let names: Vec<(&str, &str)> = devs.iter().map(|d| (d.name(), d.ifname())).collect();
+        assert_eq!(
+            names,
+            [("srxe0", "eth0"), ("srxe1", "v6only"), ("srxe2", "lo")]
+        );
+        assert_eq!(devs[0].addr(), Ipv4Addr::new(192, 0, 2, 2));
+        assert_eq!(devs[0].ipv6_addrs().len(), 2);
+        // The IPv6-only interface: no IPv4 address, its GUID from its first IPv6 address.
+        assert_eq!(devs[1].ipv4(), None);
+        assert_eq!(devs[1].addr(), Ipv4Addr::UNSPECIFIED);
+        assert_eq!(devs[1].v6()[1].scope, 3);
+        assert_eq!(devs[1].guid(), 0x0200_5eff_0000_0005);
+        assert!(!devs[1].is_loopback());
+        assert!(devs[2].is_loopback());
+        assert_eq!(devs[2].ipv6_addrs(), vec![Ipv6Addr::LOCALHOST]);
+        // Pinned to one IPv4 address: no IPv6 addresses.
+        let at = devs[2].at(Ipv4Addr::new(127, 0, 0, 9));
+        assert!(at.pinned() && at.ipv6_addrs().is_empty());
+    }
 }

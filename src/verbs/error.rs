@@ -15,9 +15,9 @@ pub enum VerbsError {
     NotFound(String),
     /// A pinned device's address (`SOFTRDMA_ADDR`) is held by another endpoint.
     #[error(
-        "{0}:4791 is in use by another RoCE endpoint (kernel rdma_rxe or another softrdma process)"
+        "UDP port 4791 of {0} is in use by another RoCE endpoint (kernel rdma_rxe or another softrdma process)"
     )]
-    AddrInUse(std::net::Ipv4Addr),
+    AddrInUse(std::net::IpAddr),
     #[error("operation would block")]
     WouldBlock,
     #[error("completion queue overrun: more completions than its capacity")]

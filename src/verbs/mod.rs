@@ -18,6 +18,7 @@ mod device;
 mod error;
 mod event;
 mod mr;
+mod netif;
 mod pd;
 mod qp;
 mod quota;
@@ -47,7 +48,6 @@ pub use crate::transport::{
 
 pub(crate) use context::Shared;
 pub(crate) use cq::CqShared;
-pub(crate) use device::guid_from_ipv4;
 pub(crate) use event::AsyncQueue;
 pub(crate) use mr::MrTable;
 pub(crate) use srq::SrqShared;

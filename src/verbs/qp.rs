@@ -235,13 +235,7 @@ impl QueuePair {
         let r = f(slot);
         // A state change made by a verb is no async event.
         slot.last_state = slot.qp.state();
-        e.flush_qp(
-            self.qpn,
-            &self.shared.io,
-            &self.shared.mrs,
-            self.shared.addr,
-            Instant::now(),
-        );
+        e.flush_qp(self.qpn, &self.shared.io, &self.shared.mrs, Instant::now());
         if let Some(slot) = e.qp_mut(self.qpn) {
             // Transmitting can fail the QP (a local protection error, say): that is the
             // transport's doing.
@@ -259,8 +253,17 @@ impl QueuePair {
         Ok(r)
     }
 
-    /// `ibv_modify_qp`: the attributes that are `Some` are in the mask.
+    /// `ibv_modify_qp`: the attributes that are `Some` are in the mask. An address vector's
+    /// `sgid_index` must be in the GID table, and the device must have an address of the
+    /// `dgid`'s family (IPv4-mapped or IPv6).
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        if let Some(av) = &attr.ah_attr {
+            self.shared
+                .io
+                .gids
+                .check(&av.dgid, av.sgid_index)
+                .map_err(VerbsError::InvalidArgument)?;
+        }
         self.with(|s| match &mut s.qp {
             QpTransport::Rc(q) => q.modify(attr, Instant::now()).map(|_| ()),
             QpTransport::Uc(q) => q.modify(attr),

@@ -1,5 +1,6 @@
-//! GIDs of IPv4 addresses: RoCEv2 carries an IPv4 address as the IPv4-mapped GID
-//! `::ffff:a.b.c.d`, and softrdma derives a device's node GUID from its address.
+//! GIDs of IP addresses: RoCEv2 carries an IPv4 address as the IPv4-mapped GID
+//! `::ffff:a.b.c.d` and an IPv6 address as itself; softrdma derives a device's node GUID from
+//! its address.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -27,7 +28,15 @@ pub fn ipv4_from_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
     }
 }
 
-/// The IPv6 address of a GID, for building the network header of a packet to send.
+/// The GID of an IP address: IPv4-mapped for IPv4, the address itself for IPv6.
+pub fn gid_from_ip(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => gid_from_ipv4(a),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The IP address of a GID (IPv4 for an IPv4-mapped one), for building the network header of a packet to send.
 pub fn gid_to_ip(gid: &[u8; 16]) -> IpAddr {
     match ipv4_from_gid(gid) {
         Some(v4) => IpAddr::V4(v4),
@@ -46,6 +55,9 @@ mod tests {
         assert_eq!(ipv4_from_gid(&gid_from_ipv4(a)), Some(a));
         assert_eq!(ipv4_from_gid(&[0xfe; 16]), None);
         assert_eq!(gid_to_ip(&gid_from_ipv4(a)), IpAddr::V4(a));
+        assert_eq!(gid_from_ip(IpAddr::V4(a)), gid_from_ipv4(a));
+        let v6: Ipv6Addr = "fd00::2".parse().unwrap();
+        assert_eq!(gid_to_ip(&gid_from_ip(IpAddr::V6(v6))), IpAddr::V6(v6));
         assert_eq!(guid_from_ipv4(a), 0x0200_5eff_0a01_0203);
     }
 }

@@ -107,6 +107,32 @@ impl Ipv6Udp {
     }
 }
 
+/// The UDP checksum of a datagram over IPv6 (RFC 8200 8.1): the one's complement sum over the
+/// pseudo-header (addresses, UDP length, next header 17), the UDP header with its checksum
+/// field taken as 0, and the payload; 0 comes out as 0xffff. `ip_udp` holds both headers as
+/// [`Ipv6Udp::emit`] writes them, `payload` the UDP payload.
+pub fn udp_checksum(ip_udp: &[u8; IPV6_LEN + UDP_LEN], payload: &[u8]) -> u16 {
+    let mut sum: u64 = 0;
+    let mut add = |b: &[u8]| {
+        for c in b.chunks(2) {
+            sum += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u64;
+        }
+    };
+    add(&ip_udp[8..40]);
+    let udp_len = (UDP_LEN + payload.len()) as u32;
+    add(&udp_len.to_be_bytes());
+    add(&[0, 0, 0, PROTO_UDP]);
+    add(&ip_udp[IPV6_LEN..IPV6_LEN + 6]);
+    add(payload);
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    match !(sum as u16) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

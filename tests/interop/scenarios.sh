@@ -317,6 +317,71 @@ capi_pair uc-pingpong \
   'ibv_uc_pingpong -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096 $HOST_IP' \
   '^819200 bytes in [0-9.]+ seconds'
 
+# --- IPv6: RoCEv2 over IPv6 (fd77::1 on the host, fd77::2 in the guest, same link). --------------
+# The guest's GID of fd77::2 is wherever rxe put it (gid_index); the host device's is index 2 (its
+# IPv4-mapped GID at 0 and 1, then its IPv6 addresses, global ones first). The ICRC covers the IPv6
+# header: a wrong one and the kernel drops every packet.
+G6=fd77:0000:0000:0000:0000:0000:0000:0002
+scenario kernel-rxe-ipv6-gid role=guest-only \
+  desc="rxe lists eth0's IPv6 address fd77::2 as a RoCE v2 GID" \
+  guest="i=\$(gid_index $G6); echo \"gid6 index \$i\"; ibv_devinfo -d rxe0 -v | grep GID" \
+  expect_guest='^gid6 index [0-9]+$' expect_guest='fd77::2'
+
+# v6_pingpong_pair PROG HOSTPROG TAG ARGS: IPv6 GIDs on both sides (-g), both ways.
+v6_pingpong_pair() {
+  local prog=$1 hprog=$2 tag=$3 args=$4 n s bytes
+  n=$(sed -nE 's/.*-n ([0-9]+).*/\1/p' <<<"$args"); s=$(sed -nE 's/.*-s ([0-9]+).*/\1/p' <<<"$args")
+  bytes=$((2 * n * s))
+  scenario "$tag-v6-kernel-server" role=host-client needs="${hprog%% *}" timeout=60 \
+    desc="IPv6 GIDs: kernel $prog $args server in the guest, softrdma $hprog client" \
+    guest="$prog -d rxe0 -g \$(gid_index $G6) $args & srv=\$!; wait_listen 18515 && ready && wait \$srv" \
+    host="\"\$EX/$hprog\" -g 2 $args \$GUEST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds" \
+    expect_host="remote address: .* GID fd77::2\$" expect_guest="remote address: .* GID fd77::1\$"
+  scenario "$tag-v6-host-server" role=host-server needs="${hprog%% *}" timeout=60 \
+    desc="IPv6 GIDs: softrdma $hprog $args server, kernel $prog client in the guest" \
+    host="\"\$EX/$hprog\" -g 2 $args" host_ready='host_listening 18515' \
+    guest="$prog -d rxe0 -g \$(gid_index $G6) $args \$HOST_IP" \
+    expect_guest="^$bytes bytes in [0-9.]+ seconds" expect_host="^$bytes bytes in [0-9.]+ seconds" \
+    expect_host="remote address: .* GID fd77::2\$" expect_guest="remote address: .* GID fd77::1\$"
+}
+v6_pingpong_pair ibv_rc_pingpong rc_pingpong rc-pingpong-4k "-n 100 -s 4096"
+v6_pingpong_pair ibv_rc_pingpong rc_pingpong rc-pingpong-10k-m1024 "-n 100 -s 10000 -m 1024"
+v6_pingpong_pair ibv_ud_pingpong ud_pingpong ud-pingpong-2k "-n 100 -s 2048"
+
+# Debian's ibv_rc_pingpong on softrdma's libibverbs.so.1 over IPv6 GIDs.
+capi_pair rc-pingpong-v6 \
+  "ibv_rc_pingpong -d rxe0 -g \$(gid_index $G6) -n 100 -s 4096" 'ibv_rc_pingpong -g 2 -n 100 -s 4096 $GUEST_IP' \
+  'ibv_rc_pingpong -g 2 -n 100 -s 4096' "ibv_rc_pingpong -d rxe0 -g \$(gid_index $G6) -n 100 -s 4096 \$HOST_IP" \
+  '^819200 bytes in [0-9.]+ seconds'
+
+# rdma_cm over IPv6: the REQ carries rdma_cm's IPv6 header and IPv6 GIDs in its path.
+scenario rping-v6-kernel-server role=host-client needs=rping timeout=90 \
+  desc="kernel rping -s -a fd77::2 in the guest, softrdma rping -c -a fd77::2" \
+  guest='rping -s -a $GUEST_IP6 -v -C 5 -S 64 & srv=$!; sleep 3; ready; wait $srv' \
+  host='for i in 1 2 3 4 5 6; do "$EX/rping" -c -a $GUEST_IP6 -V -v -C 5 -S 64 && exit 0; sleep 2; done; exit 1' \
+  expect_host='^ping data: rdma-ping-4: ' expect_guest='^server ping data: rdma-ping-4: '
+scenario rping-v6-wildcard-host-server role=host-server needs=rping timeout=90 \
+  desc="softrdma rping -s -a :: (IPv6 wildcard), kernel rping -c -a fd77::1 in the guest" \
+  host='"$EX/rping" -s -a :: -v -C 5 -S 64' \
+  guest='rping -c -a $HOST_IP6 -V -v -C 5 -S 64' \
+  expect_host='^server ping data: rdma-ping-4: ' expect_guest='^ping data: rdma-ping-4: '
+scenario rping-v4-to-v6-wildcard-host-server role=host-server needs=rping timeout=90 \
+  desc="softrdma rping -s -a :: takes the kernel's IPv4 rping -c -a 10.77.0.1 (as Linux does)" \
+  host='"$EX/rping" -s -a :: -v -C 5 -S 64' \
+  guest='rping -c -a $HOST_IP -V -v -C 5 -S 64' \
+  expect_host='^server ping data: rdma-ping-4: ' expect_guest='^ping data: rdma-ping-4: '
+scenario udaddy-v6-kernel-server role=host-client needs=udaddy timeout=90 \
+  desc="kernel udaddy -b fd77::2 (SIDR, UD over IPv6) in the guest, softrdma udaddy client" \
+  guest='udaddy -b $GUEST_IP6 -c 2 -C 20 & srv=$!; sleep 3; ready; wait $srv' \
+  host='for i in 1 2 3 4 5 6; do "$EX/udaddy" -s $GUEST_IP6 -c 2 -C 20 && exit 0; sleep 2; done; exit 1' \
+  expect_host='^return status 0' expect_guest='^return status 0' expect_guest='^data transfers complete'
+scenario udaddy-v6-host-server role=host-server needs=udaddy timeout=90 \
+  desc="softrdma udaddy -b fd77::1, kernel udaddy client in the guest" \
+  host='"$EX/udaddy" -b $HOST_IP6 -c 2 -C 20' \
+  guest='udaddy -s $HOST_IP6 -c 2 -C 20' \
+  expect_host='^return status 0' expect_host='^data transfers complete' expect_guest='^return status 0'
+
 # --- RC under loss: 2% of the packets dropped each way (last: they change the link). -------------
 # The guest drops 2% of what it sends (netem on eth0); the host drops 2% of what it sends to the
 # guest (an nftables netdev egress rule on tap0; needs nft on the host, else SKIP). softrdma's

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../.."
 EX=${EX:-target/release/examples}
 A=softrdma-ns-a-$$ B=softrdma-ns-b-$$
 IPA=10.78.0.1 IPB=10.78.0.2
+IP6A=fd78::1 IP6B=fd78::2
 OUT=target/netns; mkdir -p "$OUT"
 
 command -v ip >/dev/null || { apt-get install -y -qq iproute2 >/dev/null 2>&1 || apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; }
@@ -21,6 +22,8 @@ ip netns add "$A" && ip netns add "$B" || exit 1
 ip link add va type veth peer name vb || exit 1
 ip link set va netns "$A" && ip link set vb netns "$B"
 ip -n "$A" addr add $IPA/24 dev va && ip -n "$B" addr add $IPB/24 dev vb
+# IPv6 too (nodad: usable at once); the veth's GID 2 is then its fd78:: address.
+ip -n "$A" addr add $IP6A/64 dev va nodad && ip -n "$B" addr add $IP6B/64 dev vb nodad
 for n in "$A" "$B"; do ip -n "$n" link set lo up; done
 ip -n "$A" link set va up && ip -n "$B" link set vb up
 
@@ -52,6 +55,11 @@ run perftest-write-R "$EX/perftest write -R -n 500 -s 65536" "$EX/perftest write
 # rc_pingpong has no rdma_cm: like ibv_rc_pingpong it takes the first device, which is the veth
 # (the loopback device is last), as a user would run it: no -d, no SOFTRDMA_ADDR.
 run rc-pingpong "$EX/rc_pingpong -g 1 -n 200 -s 4096" "$EX/rc_pingpong -g 1 -n 200 -s 4096 $IPA" '^1638400 bytes in'
+
+# Over IPv6: rdma_cm to an IPv6 address (the server bound to [::]), and rc_pingpong over GID 2.
+run rping-v6 "$EX/rping -s -a :: -v -S 5000" "$EX/rping -c -a $IP6A -C 20 -V -v -S 5000" '^ping data: rdma-ping-19: '
+run udaddy-v6 "$EX/udaddy -b :: -c 4 -C 30" "$EX/udaddy -s $IP6A -c 4 -C 30" '^return status 0'
+run rc-pingpong-v6 "$EX/rc_pingpong -g 2 -n 200 -s 4096" "$EX/rc_pingpong -g 2 -n 200 -s 4096 $IPA" 'GID fd78::1$'
 
 # Debian's unmodified programs on softrdma's libibverbs.so.1 / librdmacm.so.1 (capi/), across
 # the namespaces: each opens the first device (the veth), as a user runs them.

@@ -100,7 +100,8 @@ fn devinfo(only: Option<&str>) -> Result<(), String> {
         println!("\tvendor_part_id:\t\t\t{}", a.vendor_part_id);
         println!("\thw_ver:\t\t\t\t0x{:x}", a.hw_ver);
         println!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
-        println!("\tnetdev:\t\t\t\t{} ({})", d.ifname(), ctx.addr());
+        let addrs: Vec<String> = ctx.ip_addrs().iter().map(|a| a.to_string()).collect();
+        println!("\tnetdev:\t\t\t\t{} ({})", d.ifname(), addrs.join(", "));
         println!("\t\tport:\t1");
         println!("\t\t\tstate:\t\t\tPORT_ACTIVE (4)");
         println!(

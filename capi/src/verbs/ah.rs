@@ -99,17 +99,17 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> i32 {
     })
 }
 
-/// The sender's GID from the 40-byte GRH area of a UD receive buffer, laid out as rdma_rxe
-/// writes it: an IPv4 header in its last 20 bytes, or an IPv6 header filling it.
-fn sender_gid(grh: &[u8; 40]) -> Option<[u8; 16]> {
+/// The sender's and the receiver's GIDs from the 40-byte GRH area of a UD receive buffer, laid
+/// out as rdma_rxe writes it: an IPv4 header in its last 20 bytes, or an IPv6 header filling it.
+fn grh_gids(grh: &[u8; 40]) -> Option<([u8; 16], [u8; 16])> {
     if grh[20] >> 4 == 4 {
-        Some(gid_from_ipv4(std::net::Ipv4Addr::new(
-            grh[32], grh[33], grh[34], grh[35],
-        )))
+        let v4 = |a: &[u8]| gid_from_ipv4(std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]));
+        Some((v4(&grh[32..36]), v4(&grh[36..40])))
     } else if grh[0] >> 4 == 6 {
-        let mut g = [0u8; 16];
-        g.copy_from_slice(&grh[8..24]);
-        Some(g)
+        let (mut s, mut d) = ([0u8; 16], [0u8; 16]);
+        s.copy_from_slice(&grh[8..24]);
+        d.copy_from_slice(&grh[24..40]);
+        Some((s, d))
     } else {
         None
     }
@@ -125,7 +125,8 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
 ) -> i32 {
     guard(-1, || {
         // SAFETY: checked handle; the other pointers are the caller's structs or NULL.
-        let ok = unsafe { super::context::Ctx::from_ibv(context) }.is_some();
+        let ctx = unsafe { super::context::Ctx::from_ibv(context) };
+        let ok = ctx.is_some();
         let (Some(wc), Some(out)) = (unsafe { wc.as_ref() }, unsafe { ah_attr.as_mut() }) else {
             crate::handle::set_errno(libc::EINVAL);
             return -1;
@@ -136,13 +137,15 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         }
         // SAFETY: `grh` points to the 40-byte GRH area at the front of the receive buffer.
         let area = unsafe { &*(grh as *const [u8; 40]) };
-        let Some(dgid) = sender_gid(area) else {
+        let Some((dgid, local)) = grh_gids(area) else {
             crate::handle::set_errno(libc::EINVAL);
             return -1;
         };
+        // As rdma-core: the source is the GID the message came to (`ibv_find_gid_index`).
+        let sgid_index = ctx.and_then(|c| c.rust.gid_index(&local)).unwrap_or(0) as u8;
         let attr = AhAttr {
             dgid,
-            sgid_index: 0,
+            sgid_index,
             hop_limit: 0xff,
             port_num,
             ..Default::default()

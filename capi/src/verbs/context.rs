@@ -401,8 +401,13 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         if entries.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return -(libc::EINVAL as isize);
         }
+        // SAFETY: checked handle (the entries below are checked again, one by one).
+        let len = match unsafe { Ctx::from_ibv(context) } {
+            Some(c) => c.rust.query_port(1).map_or(0, |p| p.gid_tbl_len),
+            None => return -(libc::EINVAL as isize),
+        };
         let mut n = 0;
-        for index in 0..2u32 {
+        for index in 0..len {
             if n >= max_entries {
                 return -(libc::EINVAL as isize);
             }

@@ -35,7 +35,7 @@ impl CmManager {
         let path = PathInfo {
             local_lid: 0xffff,
             remote_lid: 0xffff,
-            local_gid: self.cfg.local_gid,
+            local_gid: p.local_gid.unwrap_or(self.cfg.local_gid),
             remote_gid: p.remote.gid,
             flow_label: p.flow_label & 0xf_ffff,
             traffic_class: p.traffic_class,

@@ -75,3 +75,9 @@ run_scenario() {
   echo "=== $1: guest rc $_rc $(date +%T)"
   wait_file "$SCEN_DIR/host-done" "$2" || echo "=== $1: host did not finish"
 }
+
+# gid_index GID: the index of GID (as sysfs prints it, e.g. fd77:0000:...:0002) in rxe0's GID
+# table (rxe lists each of eth0's addresses as a RoCE v2 GID; empty entries fail to read).
+gid_index() {
+  grep -lx "$1" /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | head -n 1 | sed 's,.*/,,'
+}
