@@ -109,10 +109,10 @@ macro_rules! perftest {
     )*};
 }
 
-/// Known bug, being chased: in a run of the whole file, the `-R` clients of the latency tests
-/// and of ib_atomic_bw pass a `rdma_cm_id` pointer that holds a sockaddr to
-/// `rdma_resolve_addr` (EINVAL, "Failed to create RDMA CM connection") and the server waits
-/// forever. Each passes alone and in the `lat` subset.
+// Known bug, being chased: in a run of the whole file, the `-R` clients of the latency tests
+// and of ib_atomic_bw pass a `rdma_cm_id` pointer that holds a sockaddr to
+// `rdma_resolve_addr` (EINVAL, "Failed to create RDMA CM connection") and the server waits
+// forever. Each passes alone and in the `lat` subset.
 
 perftest! {
     ib_write_bw_tcp: "ib_write_bw" &["-s", "65536"], "65536";

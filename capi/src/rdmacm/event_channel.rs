@@ -153,7 +153,7 @@ fn translate(ev: CmEvent) -> Result<Option<*mut rdma_cm_event>, i32> {
             // SAFETY: writing the union's `ud` view of zeroed C data.
             let ud = unsafe { &mut c.param.ud };
             ud.private_data_len = private_data.len().min(255) as u8;
-            crate::verbs::ah::ah_attr_to_c(&p.ah_attr, &mut ud.ah_attr);
+            crate::verbs::ah::to_c_attr(&p.ah_attr, &mut ud.ah_attr);
             ud.qp_num = p.qp_num;
             ud.qkey = p.qkey;
         }

@@ -221,7 +221,7 @@ fn attr_to_c(r: &QpAttr, a: &mut ibv_qp_attr) -> u32 {
         m |= IBV_QP_ACCESS_FLAGS;
     }
     if let Some(v) = &r.ah_attr {
-        crate::verbs::ah::ah_attr_to_c(v, &mut a.ah_attr);
+        crate::verbs::ah::to_c_attr(v, &mut a.ah_attr);
         m |= IBV_QP_AV;
     }
     if let Some(v) = r.sq_psn {

@@ -18,7 +18,7 @@ impl Handle for Ah {
     const KIND: Kind = Kind::Ah;
 }
 
-fn from_c_attr(a: &ibv_ah_attr) -> AhAttr {
+pub(crate) fn from_c_attr(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         // SAFETY: the GID union is 16 plain bytes.
         dgid: unsafe { a.grh.dgid.raw },
@@ -32,7 +32,7 @@ fn from_c_attr(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
-fn to_c_attr(a: &AhAttr, out: &mut ibv_ah_attr) {
+pub(crate) fn to_c_attr(a: &AhAttr, out: &mut ibv_ah_attr) {
     // SAFETY: ibv_ah_attr is plain C data; all-zero is valid.
     *out = unsafe { std::mem::zeroed() };
     out.grh.dgid.raw = a.dgid;
@@ -44,14 +44,6 @@ fn to_c_attr(a: &AhAttr, out: &mut ibv_ah_attr) {
     out.sl = a.sl;
     out.is_global = 1;
     out.port_num = a.port_num;
-}
-
-pub(crate) fn ah_attr_from_c(a: &ibv_ah_attr) -> AhAttr {
-    from_c_attr(a)
-}
-
-pub(crate) fn ah_attr_to_c(a: &AhAttr, out: &mut ibv_ah_attr) {
-    to_c_attr(a, out)
 }
 
 #[no_mangle]

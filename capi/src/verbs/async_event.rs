@@ -32,23 +32,13 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 *out = unsafe { std::mem::zeroed() };
                 match e {
                     AsyncEvent::CqErr { cq } => {
-                        let p = ctx
-                            .cqs
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&cq)
-                            .copied();
+                        let p = ctx.cqs.get(cq);
                         let Some(p) = p else { continue };
                         out.element.cq = p as *mut ibv_cq;
                         out.event_type = IBV_EVENT_CQ_ERR;
                     }
                     AsyncEvent::QpFatal { qp_num } | AsyncEvent::QpLastWqeReached { qp_num } => {
-                        let p = ctx
-                            .qps
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&qp_num)
-                            .copied();
+                        let p = ctx.qps.get(qp_num);
                         let Some(p) = p else { continue };
                         out.element.qp = p as *mut ibv_qp;
                         out.event_type = match e {
@@ -57,12 +47,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
                         };
                     }
                     AsyncEvent::SrqLimitReached { srq } => {
-                        let p = ctx
-                            .srqs
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&srq)
-                            .copied();
+                        let p = ctx.srqs.get(srq);
                         let Some(p) = p else { continue };
                         out.element.srq = p as *mut ibv_srq;
                         out.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;

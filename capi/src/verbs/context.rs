@@ -21,9 +21,28 @@ pub(crate) struct Ctx {
     pub rust: Context,
     pub dev: &'static Dev,
     /// C handles by softrdma id, for events that name an object by id.
-    pub cqs: Mutex<HashMap<u32, usize>>,
-    pub qps: Mutex<HashMap<u32, usize>>,
-    pub srqs: Mutex<HashMap<u32, usize>>,
+    pub cqs: Handles,
+    pub qps: Handles,
+    pub srqs: Handles,
+}
+
+/// C handles by softrdma id (CQ id, QP number, SRQ id): events name objects by id.
+#[derive(Default)]
+pub(crate) struct Handles(Mutex<HashMap<u32, usize>>);
+
+impl Handles {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u32, usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(crate) fn insert(&self, id: u32, p: usize) {
+        self.map().insert(id, p);
+    }
+    pub(crate) fn remove(&self, id: u32) {
+        self.map().remove(&id);
+    }
+    pub(crate) fn get(&self, id: u32) -> Option<usize> {
+        self.map().get(&id).copied()
+    }
 }
 
 impl Handle for Ctx {
@@ -52,43 +71,6 @@ impl Ctx {
     pub(crate) fn ibv(&self) -> *mut ibv_context {
         &self.vctx.context as *const ibv_context as *mut ibv_context
     }
-
-    pub(crate) fn remember_cq(&self, id: u32, p: usize) {
-        self.cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, p);
-    }
-    pub(crate) fn forget_cq(&self, id: u32) {
-        self.cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-    }
-    pub(crate) fn remember_qp(&self, qpn: u32, p: usize) {
-        self.qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(qpn, p);
-    }
-    pub(crate) fn forget_qp(&self, qpn: u32) {
-        self.qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&qpn);
-    }
-    pub(crate) fn remember_srq(&self, id: u32, p: usize) {
-        self.srqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, p);
-    }
-    pub(crate) fn forget_srq(&self, id: u32) {
-        self.srqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-    }
 }
 
 /// Wraps an open softrdma context as an `ibv_context` (librdmacm hands out contexts too).
@@ -116,9 +98,9 @@ pub(crate) fn wrap(rust: Context, dev: &'static Dev) -> *mut ibv_context {
         vctx,
         rust,
         dev,
-        cqs: Mutex::new(HashMap::new()),
-        qps: Mutex::new(HashMap::new()),
-        srqs: Mutex::new(HashMap::new()),
+        cqs: Handles::default(),
+        qps: Handles::default(),
+        srqs: Handles::default(),
     };
     let p = ctx.into_c();
     // SAFETY: `p` was just made by into_c and nobody else has it yet.

@@ -18,7 +18,7 @@ pub(crate) struct Cq {
     /// QPs (and SRQs) using this CQ: a CQ in use cannot be destroyed (EBUSY).
     pub users: AtomicUsize,
     /// The completion the extended polling API (`ibv_start_poll`...) is on.
-    pub current: std::sync::Mutex<Option<WorkCompletion>>,
+    pub current: std::sync::Mutex<Option<ibv_wc>>,
 }
 
 impl Handle for Cq {
@@ -132,7 +132,7 @@ pub(crate) fn new_cq(
                 current: std::sync::Mutex::new(None),
             }
             .into_c();
-            ctx.remember_cq(id, p as usize);
+            ctx.cqs.insert(id, p as usize);
             // SAFETY: a channel handle checked by the caller, or NULL.
             if let Some(c) = unsafe { channel.as_mut() } {
                 c.refcnt += 1;
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> i32 {
             return libc::EINVAL;
         };
         if let Some(ctx) = unsafe { Ctx::from_ibv(c.ibv.context) } {
-            ctx.forget_cq(c.rust.id());
+            ctx.cqs.remove(c.rust.id());
         }
         // SAFETY: the channel outlives its CQs (its refcnt keeps it from being destroyed).
         if let Some(ch) = unsafe { c.ibv.channel.as_mut() } {
@@ -287,13 +287,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         };
         // SAFETY: the channel's context is live while the channel is.
         let ctx = unsafe { Ctx::from_ibv(ch.ibv.context) };
-        let p = ctx.and_then(|c| {
-            c.cqs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&rust.id())
-                .copied()
-        });
+        let p = ctx.and_then(|c| c.cqs.get(rust.id()));
         let Some(p) = p else {
             // The CQ was destroyed after its event was raised: nothing to hand back.
             set_errno(libc::EAGAIN);

@@ -75,7 +75,10 @@ fn advance(p: *mut ibv_cq_ex) -> i32 {
         match c.rust.poll(&mut one) {
             Ok(1) => {
                 let wc = one[0];
-                *c.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(wc);
+                // SAFETY: ibv_wc is plain C data; all-zero is valid.
+                let mut w: ibv_wc = unsafe { std::mem::zeroed() };
+                super::cq::to_wc(&wc, &mut w);
+                *c.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
                 // SAFETY: `p` is this live CQ; programs read status and wr_id from it.
                 unsafe {
                     (*p).status = wc.status as u32;
@@ -110,16 +113,8 @@ unsafe extern "C" fn end_poll(p: *mut ibv_cq_ex) {
 /// A field of the current completion as `ibv_wc` has it (0 with none).
 fn field<T: Default>(p: *mut ibv_cq_ex, f: impl FnOnce(&ibv_wc) -> T) -> T {
     let Some(c) = cq(p) else { return T::default() };
-    let cur = *c.current.lock().unwrap_or_else(|e| e.into_inner());
-    match cur {
-        Some(wc) => {
-            // SAFETY: ibv_wc is plain C data; all-zero is valid.
-            let mut w: ibv_wc = unsafe { std::mem::zeroed() };
-            super::cq::to_wc(&wc, &mut w);
-            f(&w)
-        }
-        None => T::default(),
-    }
+    let cur = c.current.lock().unwrap_or_else(|e| e.into_inner());
+    cur.as_ref().map_or_else(T::default, f)
 }
 
 unsafe extern "C" fn read_opcode(p: *mut ibv_cq_ex) -> ibv_wc_opcode {

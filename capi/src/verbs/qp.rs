@@ -169,7 +169,7 @@ pub(crate) fn create_with(
     };
     let ptr = qp.into_c();
     if let Some(ctx) = p.ctx() {
-        ctx.remember_qp(qpn, ptr as usize);
+        ctx.qps.insert(qpn, ptr as usize);
     }
     ptr
 }
@@ -272,54 +272,24 @@ fn attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<QpAttr, i32> {
     if has(IBV_QP_CUR_STATE) {
         r.cur_qp_state = Some(state(a.cur_qp_state).ok_or(libc::EINVAL)?);
     }
-    if has(IBV_QP_EN_SQD_ASYNC_NOTIFY) {
-        r.sq_draining = Some(a.en_sqd_async_notify != 0);
-    }
-    if has(IBV_QP_ACCESS_FLAGS) {
-        r.qp_access_flags = Some(AccessFlags(a.qp_access_flags & 0xf));
-    }
-    if has(IBV_QP_PKEY_INDEX) {
-        r.pkey_index = Some(a.pkey_index);
-    }
-    if has(IBV_QP_PORT) {
-        r.port_num = Some(a.port_num);
-    }
-    if has(IBV_QP_QKEY) {
-        r.qkey = Some(a.qkey);
-    }
-    if has(IBV_QP_AV) {
-        r.ah_attr = Some(super::ah::ah_attr_from_c(&a.ah_attr));
-    }
+    r.sq_draining = has(IBV_QP_EN_SQD_ASYNC_NOTIFY).then_some(a.en_sqd_async_notify != 0);
+    r.qp_access_flags = has(IBV_QP_ACCESS_FLAGS).then_some(AccessFlags(a.qp_access_flags & 0xf));
+    r.pkey_index = has(IBV_QP_PKEY_INDEX).then_some(a.pkey_index);
+    r.port_num = has(IBV_QP_PORT).then_some(a.port_num);
+    r.qkey = has(IBV_QP_QKEY).then_some(a.qkey);
+    r.ah_attr = has(IBV_QP_AV).then(|| super::ah::from_c_attr(&a.ah_attr));
     if has(IBV_QP_PATH_MTU) {
         r.path_mtu = Some(Mtu::from_enum(a.path_mtu).ok_or(libc::EINVAL)?);
     }
-    if has(IBV_QP_TIMEOUT) {
-        r.timeout = Some(a.timeout);
-    }
-    if has(IBV_QP_RETRY_CNT) {
-        r.retry_cnt = Some(a.retry_cnt);
-    }
-    if has(IBV_QP_RNR_RETRY) {
-        r.rnr_retry = Some(a.rnr_retry);
-    }
-    if has(IBV_QP_RQ_PSN) {
-        r.rq_psn = Some(a.rq_psn);
-    }
-    if has(IBV_QP_MAX_QP_RD_ATOMIC) {
-        r.max_rd_atomic = Some(a.max_rd_atomic);
-    }
-    if has(IBV_QP_MIN_RNR_TIMER) {
-        r.min_rnr_timer = Some(a.min_rnr_timer);
-    }
-    if has(IBV_QP_SQ_PSN) {
-        r.sq_psn = Some(a.sq_psn);
-    }
-    if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
-        r.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
-    }
-    if has(IBV_QP_DEST_QPN) {
-        r.dest_qp_num = Some(a.dest_qp_num);
-    }
+    r.timeout = has(IBV_QP_TIMEOUT).then_some(a.timeout);
+    r.retry_cnt = has(IBV_QP_RETRY_CNT).then_some(a.retry_cnt);
+    r.rnr_retry = has(IBV_QP_RNR_RETRY).then_some(a.rnr_retry);
+    r.rq_psn = has(IBV_QP_RQ_PSN).then_some(a.rq_psn);
+    r.max_rd_atomic = has(IBV_QP_MAX_QP_RD_ATOMIC).then_some(a.max_rd_atomic);
+    r.min_rnr_timer = has(IBV_QP_MIN_RNR_TIMER).then_some(a.min_rnr_timer);
+    r.sq_psn = has(IBV_QP_SQ_PSN).then_some(a.sq_psn);
+    r.max_dest_rd_atomic = has(IBV_QP_MAX_DEST_RD_ATOMIC).then_some(a.max_dest_rd_atomic);
+    r.dest_qp_num = has(IBV_QP_DEST_QPN).then_some(a.dest_qp_num);
     Ok(r)
 }
 
@@ -393,7 +363,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         };
         out.cap = cap;
         if let Some(av) = r.ah_attr {
-            super::ah::ah_attr_to_c(&av, &mut out.ah_attr);
+            super::ah::to_c_attr(&av, &mut out.ah_attr);
         }
         out.pkey_index = r.pkey_index.unwrap_or(0);
         out.sq_draining = r.sq_draining.unwrap_or(false) as u8;
@@ -431,7 +401,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> i32 {
         // SAFETY: the QP held its PD and CQs, so they are live.
         let (pd, scq, rcq) = unsafe { (&*q.pd, &*q.send_cq, &*q.recv_cq) };
         if let Some(ctx) = pd.ctx() {
-            ctx.forget_qp(qpn);
+            ctx.qps.remove(qpn);
         }
         drop(q);
         scq.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);

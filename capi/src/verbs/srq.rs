@@ -63,7 +63,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         }
         .into_c();
         if let Some(ctx) = p.ctx() {
-            ctx.remember_srq(id, s as usize);
+            ctx.srqs.insert(id, s as usize);
         }
         s
     })
@@ -128,7 +128,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> i32 {
         // SAFETY: the SRQ held its PD, so the PD is live.
         let pd = unsafe { &*s.pd };
         if let Some(ctx) = pd.ctx() {
-            ctx.forget_srq(s.rust.id());
+            ctx.srqs.remove(s.rust.id());
         }
         drop(s);
         pd.release();

@@ -30,14 +30,20 @@ pub fn run(prog: &str, args: &[&str]) -> Command {
     c
 }
 
-/// True if `prog` is installed (the Debian packages the tests run).
+/// True if `prog` is installed (the Debian packages the tests run); in CI (`CI` set) it must
+/// be, so a missing package fails the test instead of skipping it.
 pub fn have(prog: &str) -> bool {
-    Command::new("sh")
+    let ok = Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {prog}"))
         .output()
         .map(|o| o.status.success())
-        .unwrap_or(false)
+        .unwrap_or(false);
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "CI needs {prog} (.ci/run installs ibverbs-utils, rdmacm-utils and perftest)"
+    );
+    ok
 }
 
 /// Waits for `child` with a deadline; kills it and panics with its output if it is late.
