@@ -142,22 +142,24 @@ const LIB_NAMES: [&str; 6] = [
     "libefa.so.1",
 ];
 
-/// The shared object built beside this executable.
+/// The shared object built beside this executable: the newest of `libsoftrdma_capi.so` here,
+/// in `deps/` (where `cargo test` leaves it, since it builds the library only as a dependency)
+/// and in `../lib` (an installed layout).
 fn shared_object() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = exe.parent().ok_or("no directory for the executable")?;
-    for cand in [
-        dir.join("libsoftrdma_capi.so"),
-        dir.join("../lib/libsoftrdma_capi.so"),
-    ] {
-        if cand.exists() {
-            return Ok(cand);
-        }
-    }
-    Err(format!(
-        "libsoftrdma_capi.so is not in {}: build it with `cargo build --release -p softrdma-capi`",
-        dir.display()
-    ))
+    let name = "libsoftrdma_capi.so";
+    [dir.join(name), dir.join("deps").join(name), dir.join("../lib").join(name)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p)
+        .ok_or_else(|| {
+            format!(
+                "{name} is not in {}: build it with `cargo build --release -p softrdma-capi`",
+                dir.display()
+            )
+        })
 }
 
 /// A directory of the library names, each a symbolic link to the shared object: beside the
