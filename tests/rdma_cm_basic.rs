@@ -198,9 +198,46 @@ fn connect_to_port_nobody_listens_on_is_rejected() {
     let port = other.local_addr().unwrap().port();
     let id = resolved_client(&ch, port);
     let _r = resources(&id);
+    let t0 = std::time::Instant::now();
     id.connect(&ConnParam::default()).unwrap();
     let ev = ch.wait_event(EventType::Rejected, T).unwrap();
     assert_eq!(ev.status(), 8, "IB reject reason 8: invalid service ID");
+    // The REQ waited for a listener first (UNCLAIMED_REQ_WAIT), then was rejected.
+    assert!(
+        t0.elapsed() >= softrdma::rdma_cm::UNCLAIMED_REQ_WAIT,
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+/// A client's REQ that arrives before the server's rdma_listen (a server that syncs with its
+/// client out of band and listens afterwards, as perftest -R does) is delivered once it listens.
+#[test]
+fn req_that_beats_the_listen_is_accepted_once_the_server_listens() {
+    let sch = EventChannel::new().unwrap();
+    let lid = sch.create_id(PortSpace::Tcp).unwrap();
+    lid.bind_addr(any(0)).unwrap();
+    let port = lid.local_addr().unwrap().port();
+    let ch = EventChannel::new().unwrap();
+    let id = resolved_client(&ch, port);
+    let r = resources(&id);
+    id.connect(&ConnParam::default()).unwrap();
+    // The REQ is on its way (or here) and nobody listens yet.
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        ch.get_cm_event_timeout(Duration::ZERO).is_none(),
+        "no answer to the REQ yet"
+    );
+    lid.listen(4).unwrap();
+    let ev = sch.wait_event(EventType::ConnectRequest, T).unwrap();
+    let sid = ev.id().clone();
+    ev.ack();
+    let s = resources(&sid);
+    sid.accept(&ConnParam::default()).unwrap();
+    ch.wait_event(EventType::Established, T).unwrap().ack();
+    sch.wait_event(EventType::Established, T).unwrap().ack();
+    assert_eq!(r.qp.state().unwrap(), QpState::Rts);
+    assert_eq!(s.qp.state().unwrap(), QpState::Rts);
 }
 
 #[test]
@@ -351,4 +388,50 @@ fn backlog_limits_pending_connect_requests() {
         pending.push(ev);
     }
     assert_eq!(pending.len(), 2);
+}
+
+/// Only a context on the same address (UDP port 4791 of it, which only this user's contexts
+/// hold) may hand over a CM MAD (`driver/forward.rs`): the same envelope from any other port,
+/// carrying a valid REQ for a listened port, is dropped.
+#[test]
+fn a_forged_hand_over_envelope_is_ignored() {
+    use softrdma::cm::manager::{CmConfig, CmManager, ConnectParams};
+    let sch = EventChannel::new().unwrap();
+    let lid = sch.create_id(PortSpace::Tcp).unwrap();
+    lid.bind_addr(lo(0)).unwrap();
+    let port = lid.local_addr().unwrap().port();
+    lid.listen(4).unwrap();
+    let ctx = lid.context().expect("bound to the loopback device");
+    let before = ctx.stats().unwrap();
+    let forger = std::net::UdpSocket::bind((cm_util::loopback(), 0)).unwrap();
+    let src = match forger.local_addr().unwrap() {
+        SocketAddr::V4(a) => a,
+        _ => unreachable!(),
+    };
+    let mut cm = CmManager::new(CmConfig {
+        local_gid: softrdma::cm::ipv4_to_gid(*src.ip()),
+        local_ca_guid: 1,
+        hi_tid: 1,
+        seed: 1,
+    });
+    let dst = SocketAddrV4::new(cm_util::loopback(), port);
+    cm.connect(
+        std::time::Instant::now(),
+        &ConnectParams::rdma_cm_tcp(src, dst, 0x11, 1),
+    )
+    .unwrap();
+    let (_, req) = cm.poll_transmit().unwrap();
+    let mut env = vec![0xff, b'S', b'R', b'P', 0, 0, 1, 0];
+    env.extend_from_slice(&softrdma::cm::ipv4_to_gid(*src.ip()));
+    env.extend_from_slice(&1u32.to_be_bytes());
+    env.extend_from_slice(&req);
+    for _ in 0..3 {
+        forger.send_to(&env, (cm_util::loopback(), 4791)).unwrap();
+    }
+    assert!(
+        sch.get_cm_event_timeout(Duration::from_millis(200))
+            .is_none(),
+        "no CONNECT_REQUEST from a forged envelope"
+    );
+    assert_eq!(ctx.stats().unwrap().rx_forwarded, before.rx_forwarded);
 }

@@ -71,6 +71,8 @@ mod active;
 mod disconnect;
 mod passive;
 mod timers;
+mod unclaimed;
+pub use unclaimed::{MAX_UNCLAIMED, UNCLAIMED_RECHECK};
 
 pub use timers::{
     iba_time, peer_rep_timers, MRA_SERVICE_TIMEOUT_MAX, PEER_ACK_TIMEOUT_MAX,
@@ -436,6 +438,11 @@ pub struct CmStats {
     /// Passive connections given up because their REP was not answered within
     /// [`PEER_HOLD_MAX`].
     pub rep_given_up: u64,
+    /// REQs that found no listener in time and got REJ reason 8 after waiting
+    /// ([`CmManager::set_unclaimed_wait`]).
+    pub unclaimed_rejected: u64,
+    /// REQs that found no listener here and were handed to another process that listens.
+    pub unclaimed_forwarded: u64,
 }
 
 /// The IB CM endpoint of one port.
@@ -455,6 +462,11 @@ pub struct CmManager {
     id_prefix: Option<u8>,
     /// What the hostile-traffic limits did.
     pub stats: CmStats,
+    /// REQs that found no listener, waiting for one (`unclaimed.rs`).
+    unclaimed: Vec<unclaimed::Unclaimed>,
+    unclaimed_wait: Duration,
+    /// The MAD being handled was handed over by another process.
+    handling_forwarded: bool,
 }
 
 fn pd<const N: usize>(data: &[u8]) -> Result<PrivateData<N>, CmError> {
@@ -484,6 +496,9 @@ impl CmManager {
             dropped: 0,
             id_prefix: None,
             stats: CmStats::default(),
+            unclaimed: Vec::new(),
+            unclaimed_wait: Duration::ZERO,
+            handling_forwarded: false,
         }
     }
 

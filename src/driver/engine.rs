@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use super::batch::{RxBatch, RxInfo, TxBatch};
 use super::capture::Capture;
-use super::probe;
 use super::socket::Io;
 use super::tx::Tx;
+use super::{forward, probe};
 use crate::rdma_cm::core::{CmaCore, ModifyQp};
 use crate::transport::ud::{net_header_v4, NetHeader, UdQp};
 use crate::transport::{AddressVector, CqSide, QpAttr, QpState, RcQp, UcQp};
@@ -71,6 +71,11 @@ pub struct Stats {
     /// C9-43, rdma_rxe's `check_addr`).
     pub rx_bad_source: u64,
     pub tx_dropped: u64,
+    /// REQs nobody here listened for, handed to another process on the same address that
+    /// listens for them now (`driver::forward`).
+    pub tx_forwarded: u64,
+    /// CM MADs another process on the same address handed to this one.
+    pub rx_forwarded: u64,
 }
 
 /// The transport of one QP.
@@ -232,6 +237,7 @@ impl Engine {
             .values()
             .filter_map(|s| s.qp.poll_timeout())
             .chain(self.cma.poll_timeout())
+            .chain(self.cma.cm.unclaimed_check_at())
             .min()
     }
 
@@ -285,6 +291,9 @@ impl Engine {
             self.cma.cm.handle_timeout(now);
             self.cma_pending = true;
         }
+        if self.cma.cm.unclaimed_check_at().is_some_and(|t| t <= now) {
+            self.forward_unclaimed(io, now);
+        }
         if self.cma_pending || crate::rdma_cm::core::sweep_due(&self.cma) {
             self.cma_pending = false;
             self.flush_cma(io, now);
@@ -320,6 +329,16 @@ impl Engine {
             return;
         };
         let n = data.len();
+        // A CM MAD handed over by another context on this address (`driver::forward`).
+        if let Some((src, mad)) = forward::parse(data) {
+            if from.ip() == local.ip() && from.port() == ROCE_V2_PORT {
+                self.stats.rx_forwarded += 1;
+                self.cma
+                    .on_forwarded_mad(now, src, gid_from_ip(local.ip()), mad);
+                self.cma_pending = true;
+            }
+            return;
+        }
         // A probe of the shared address's layout (`driver::probe`), from a context on it.
         if let Some((index, nonce)) = probe::parse(data) {
             if from.ip() == local.ip() && self.probe_answers.len() < self.probe_answers.capacity() {
@@ -532,6 +551,20 @@ impl Engine {
             ok
         };
         f(cma, &mut modify, now)
+    }
+
+    /// Hand REQs nobody here listens for to the context (another process on the same address)
+    /// that listens for them now.
+    fn forward_unclaimed(&mut self, io: &Io, now: Instant) {
+        let out = self.cma.forward_unclaimed(now, |port, local, src| {
+            io.forward_target(port, local.map(|g| gid_to_ip(&g)), gid_to_ip(&src.gid))
+        });
+        for ((k, to, index), src, mad) in out {
+            self.stats.tx_forwarded += 1;
+            let _ = io.socks[k]
+                .socket
+                .send_to(&forward::envelope(index, &src, &mad), to);
+        }
     }
 
     /// Deliver the CM's events (moving QPs as they say) and send its MADs.

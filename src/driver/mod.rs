@@ -4,6 +4,7 @@
 pub(crate) mod batch;
 pub(crate) mod capture;
 pub(crate) mod engine;
+pub(crate) mod forward;
 pub(crate) mod gids;
 pub(crate) mod probe;
 pub(crate) mod progress;

@@ -440,6 +440,18 @@ impl Share {
         }
     }
 
+    /// The reuseport index of another member that listens on rdma_cm `port` now, read from the
+    /// registry (no lock: a stale answer only sends a handed-over REQ to a context that
+    /// rejects it, as the kernel's hash could have).
+    pub fn listener_index(&self, port: u16) -> Option<u32> {
+        let layout = read_layout(&self.data).ok()?;
+        layout
+            .members
+            .iter()
+            .find(|m| m.slot != self.slot && m.ports.contains(&port))
+            .map(|m| m.index)
+    }
+
     /// Change this member's rdma_cm ports under the lock and steer again. Fails with
     /// `AddrInUse` if another member (another process) listens on `port`.
     pub fn set_port(&self, sock_fd: RawFd, port: u16, listening: bool) -> io::Result<()> {

@@ -219,6 +219,27 @@ impl Io {
         Ok(())
     }
 
+    /// Where to hand a REQ for rdma_cm `port` that came to the address `local` (else to the
+    /// first address of `peer`'s family): the socket `k` on that address, the address, and the
+    /// reuseport index of the context (another process) that listens on the port now.
+    pub fn forward_target(
+        &self,
+        port: u16,
+        local: Option<IpAddr>,
+        peer: IpAddr,
+    ) -> Option<(usize, SocketAddr, u16)> {
+        let k = match local {
+            Some(ip) => self.socks.iter().position(|s| s.local.ip() == ip)?,
+            None => self
+                .socks
+                .iter()
+                .position(|s| s.local.is_ipv4() == peer.is_ipv4())?,
+        };
+        let s = &self.socks[k];
+        let index = s.share.as_ref()?.listener_index(port)?;
+        Some((k, s.local, u16::try_from(index).ok()?))
+    }
+
     fn finish(bound: Vec<Bound>, slot: u8) -> io::Result<Io> {
         let mut socks = Vec::with_capacity(bound.len());
         let mut gso = true;

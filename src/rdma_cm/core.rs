@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::event::{ConnParam, EventParam, EventType, RawEvent, UdParam};
 use super::id::{CmId, Handle, IdInner, Phase};
@@ -15,7 +15,7 @@ use super::listeners::{Listener, Listeners};
 use crate::cm::mad::MAD_LEN;
 use crate::cm::manager::{
     CmConfig, CmEvent as IbEvent, CmId as IbId, CmManager, ConnState, ConnectRequestInfo,
-    EstablishedInfo,
+    EstablishedInfo, MadAddr,
 };
 use crate::cm::private_data::CmaHdr;
 use crate::cm::service_id;
@@ -46,6 +46,12 @@ struct ConnRec {
 /// Peers whose local address is remembered (see [`CmaCore::local_toward`]) before the table
 /// is started again.
 const MAX_ROUTES: usize = 4096;
+
+/// How long a REQ for a port nobody listens on waits for a listener before REJ reason 8
+/// (`cm/manager/unclaimed.rs`): long enough for a server that syncs with its client out of band
+/// and then listens (perftest `-R`) on a loaded machine, short enough that connecting to a
+/// closed port still fails promptly.
+pub const UNCLAIMED_REQ_WAIT: Duration = Duration::from_millis(250);
 
 impl ConnRec {
     fn alive(&self) -> Option<CmId> {
@@ -95,6 +101,8 @@ impl CmaCore {
             seed: random_u64(),
         });
         cm.set_id_prefix(slot);
+        // A REQ may beat the server's rdma_listen by microseconds (see cm/manager/unclaimed.rs).
+        cm.set_unclaimed_wait(UNCLAIMED_REQ_WAIT);
         CmaCore {
             cm,
             local,
@@ -132,6 +140,27 @@ impl CmaCore {
         if self.cm.handle_gsi_packet(now, src, pkt) {
             self.set_route(src, local);
         }
+    }
+
+    /// A CM MAD that another process on the address `local` received from `src` and handed
+    /// over, because this process listens for it (see `driver::forward`).
+    pub fn on_forwarded_mad(&mut self, now: Instant, src: MadAddr, local: [u8; 16], mad: &[u8]) {
+        self.cm.handle_forwarded_mad(now, src, mad);
+        self.set_route(src.gid, local);
+    }
+
+    /// Hand over REQs nobody here listens for: `target(port, local GID the REQ came to, src)`
+    /// names another process that listens on that rdma_cm port now.
+    pub fn forward_unclaimed<T>(
+        &mut self,
+        now: Instant,
+        mut target: impl FnMut(u16, Option<[u8; 16]>, &MadAddr) -> Option<T>,
+    ) -> Vec<(T, MadAddr, [u8; MAD_LEN])> {
+        let routes = &self.routes;
+        self.cm.forward_unclaimed(now, |sid, src| {
+            let port = service_id::split(sid)?.1;
+            target(port, routes.get(&src.gid).copied(), src)
+        })
     }
 
     /// Send MADs to `peer` from `local`.

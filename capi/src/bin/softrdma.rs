@@ -149,17 +149,21 @@ fn shared_object() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = exe.parent().ok_or("no directory for the executable")?;
     let name = "libsoftrdma_capi.so";
-    [dir.join(name), dir.join("deps").join(name), dir.join("../lib").join(name)]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max_by_key(|(modified, _)| *modified)
-        .map(|(_, p)| p)
-        .ok_or_else(|| {
-            format!(
-                "{name} is not in {}: build it with `cargo build --release -p softrdma-capi`",
-                dir.display()
-            )
-        })
+    [
+        dir.join(name),
+        dir.join("deps").join(name),
+        dir.join("../lib").join(name),
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(modified, _)| *modified)
+    .map(|(_, p)| p)
+    .ok_or_else(|| {
+        format!(
+            "{name} is not in {}: build it with `cargo build --release -p softrdma-capi`",
+            dir.display()
+        )
+    })
 }
 
 /// A directory of the library names, each a symbolic link to the shared object: beside the

@@ -6,15 +6,21 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// `target/<profile>/libsoftrdma_capi.so`, built with the test (cargo builds the package's
-/// cdylib before its integration tests).
+/// The shared object built with the tests: `cargo test` leaves it in `target/<profile>/deps`
+/// (it builds the library only as the tests' dependency), `cargo build` in `target/<profile>`;
+/// the newer of the two, as `softrdma` itself picks it.
 pub fn shared_object() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/<profile>
-    let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
-    let so = dir.join("libsoftrdma_capi.so");
-    assert!(so.exists(), "{} was not built", so.display());
-    so
+    // target/<profile>/deps/<test>
+    let deps = exe.parent().expect("deps dir");
+    let dir = deps.parent().expect("target dir");
+    let name = "libsoftrdma_capi.so";
+    [dir.join(name), deps.join(name)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("{name} was not built in {}", dir.display()))
 }
 
 /// The `softrdma` command-line tool.

@@ -207,6 +207,9 @@ impl CmManager {
             return true;
         }
         if !self.listeners.contains_key(&r.service_id) {
+            if self.park_unclaimed(now, src, r, raw) {
+                return true;
+            }
             // As `cm_issue_rej` does: the REJ's comm IDs are the REQ's first two words swapped.
             let word1 = u32::from_be_bytes([raw[28], raw[29], raw[30], raw[31]]);
             self.issue_rej(

@@ -80,12 +80,14 @@ impl CmManager {
             })
             .flatten()
             .chain(self.sidr.poll_timeout())
+            .chain(self.unclaimed_timeout())
             .min()
     }
 
     /// Retransmit MADs whose timeout passed, give up on those out of retries, end timewaits.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.sidr_handle_timeout(now);
+        self.unclaimed_handle_timeout(now);
         let mut ids: Vec<u32> = self.conns.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
