@@ -123,7 +123,9 @@ fn rdmacm_api_in_c() {
         return;
     }
     let exe = util::compile_c("rdmacm_api");
-    let ports: Vec<String> = (0..3).map(|_| util::free_port().to_string()).collect();
+    // A namespace of its own when root: `lo` there has ::1, whatever the host's IPv6 setup.
+    util::private_netns();
+    let ports: Vec<String> = (0..4).map(|_| util::free_port().to_string()).collect();
     let ports: Vec<&str> = ports.iter().map(String::as_str).collect();
     let o = wait(
         run(exe.to_str().unwrap(), &ports).spawn().unwrap(),
@@ -287,6 +289,37 @@ fn rping_ipv6_wildcard_server_ipv4_mapped_client() {
     );
     both_ok(&s, &c, &[]);
     assert!(out(&c).contains("ping data: rdma-ping-2: "), "{}", text(&c));
+}
+
+/// rping, udaddy and ucmatose over IPv6 (`::1`): rdma_cm ids on IPv6 addresses, RoCEv2 over
+/// IPv6 underneath.
+#[test]
+fn rping_udaddy_ucmatose_over_ipv6() {
+    if skip("rping") || skip("udaddy") || skip("ucmatose") {
+        return;
+    }
+    let port = util::free_port().to_string();
+    let v6 = {
+        let _ns = one_at_a_time();
+        std::net::UdpSocket::bind("[::1]:0").is_ok()
+    };
+    if !v6 {
+        eprintln!("skipped: no ::1 here (IPv6 disabled)");
+        return;
+    }
+    let (s, c) = pair(
+        "rping",
+        &["-s", "-a", "::1", "-p", &port, "-C", "3", "-V"],
+        "rping",
+        &["-c", "-a", "::1", "-p", &port, "-C", "3", "-V", "-v"],
+        true,
+    );
+    both_ok(&s, &c, &[]);
+    assert!(out(&c).contains("ping data: rdma-ping-2: "), "{}", text(&c));
+    let (s, c) = pair("udaddy", &["-b", "::1"], "udaddy", &["-s", "::1"], true);
+    both_ok(&s, &c, &["data transfers complete", "return status 0"]);
+    let (s, c) = pair("ucmatose", &["-b", "::1"], "ucmatose", &["-s", "::1"], true);
+    both_ok(&s, &c, &["data transfers complete", "return status 0"]);
 }
 
 /// `rdma_server`/`rdma_client` and the x versions: synchronous endpoints (`rdma_create_ep`,

@@ -3,12 +3,11 @@
 //! `rdma_disconnect`, `rdma_migrate_id`.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use softrdma::rdma_cm::{CmId, ConnParam, PortSpace};
-use softrdma::verbs::gid_from_ipv4;
+use softrdma::wire::gid::gid_from_ip;
 
 use super::context::cm_dev;
 use super::event_channel::{self, Chan};
@@ -196,19 +195,21 @@ pub(crate) unsafe fn refresh(p: *mut rdma_cm_id, id: &Id) {
     let a = &mut c.route.addr;
     let ib = &mut a.addr.ibaddr;
     ib.pkey = 0xffffu16.to_be();
-    if let Some(l) = id.rust.local_addr() {
+    if let Some(l) = id.rust.local_socket_addr() {
         // SAFETY: the union's storage view covers the whole union.
         to_sockaddr(unsafe { &mut a.__bindgen_anon_1.src_storage }, l, x.v6);
+        // The GID of the address the id is bound to (librdmacm's `rdma_ip2gid`); for the
+        // wildcard, the device's first.
         ib.sgid.raw = match &ctx {
+            _ if !l.ip().is_unspecified() => gid_from_ip(l.ip()),
             Some(ctx) => ctx.gid(),
-            None if !l.ip().is_unspecified() => gid_from_ipv4(*l.ip()),
             None => [0; 16],
         };
     }
-    if let Some(r) = id.rust.peer_addr() {
+    if let Some(r) = id.rust.peer_socket_addr() {
         // SAFETY: as above.
         to_sockaddr(unsafe { &mut a.__bindgen_anon_2.dst_storage }, r, x.v6);
-        ib.dgid.raw = gid_from_ipv4(*r.ip());
+        ib.dgid.raw = gid_from_ip(r.ip());
         if let Some(ctx) = &ctx {
             // SAFETY: ibv_sa_path_rec is plain C data; all-zero is valid.
             let mut path: ibv_sa_path_rec = unsafe { std::mem::zeroed() };
@@ -353,7 +354,7 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
         // SAFETY: the caller's address.
         let (a, v6) = unsafe { from_sockaddr(addr) }?;
         i.extra().v6 = v6;
-        i.rust.bind_addr(SocketAddr::V4(a)).map_err(|e| e.errno())?;
+        i.rust.bind_addr(a).map_err(|e| e.errno())?;
         // SAFETY: a live id.
         unsafe { refresh(id, i) };
         Ok(0)
@@ -374,7 +375,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             None
         } else {
             // SAFETY: as above.
-            Some(SocketAddr::V4(unsafe { from_sockaddr(src_addr) }?.0))
+            Some(unsafe { from_sockaddr(src_addr) }?.0)
         };
         {
             let mut x = i.extra();
@@ -389,7 +390,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         }
         let timeout = Duration::from_millis(timeout_ms.max(0) as u64);
         i.rust
-            .resolve_addr(src, SocketAddr::V4(dst), timeout)
+            .resolve_addr(src, dst, timeout)
             .map_err(|e| e.errno())?;
         // SAFETY: a live id.
         unsafe { refresh(id, i) };

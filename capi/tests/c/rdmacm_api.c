@@ -127,8 +127,8 @@ static void test_errors(struct rdma_event_channel *ch)
 	CHECK(rdma_connect(id, NULL) == -1 && errno == EINVAL, "connect unresolved, no QP");
 	inet_pton(AF_INET6, "2001:db8::1", &a6.sin6_addr);
 	errno = 0;
-	CHECK(rdma_bind_addr(id, (struct sockaddr *)&a6) == -1 && errno == EAFNOSUPPORT,
-	      "IPv6 address");
+	CHECK(rdma_bind_addr(id, (struct sockaddr *)&a6) == -1 && errno == EADDRNOTAVAIL,
+	      "an IPv6 address of no interface: %s", strerror(errno));
 	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &v, sizeof(v)) == 0,
 	      "REUSEADDR");
 	errno = 0;
@@ -279,8 +279,48 @@ static void test_connection(struct rdma_event_channel *ch, int port, int v6)
 	child = connect_pair(ch, listen, client, (struct sockaddr *)&dst);
 	CHECK(client->route.addr.dst_sin.sin_addr.s_addr == htonl(0x7f000001) &&
 	      ntohs(client->route.addr.dst_sin.sin_port) == port, "dst addr");
+	/* As Linux's: an IPv4 peer's connection has AF_INET addresses, whatever the listener's. */
+	CHECK(child->route.addr.dst_addr.sa_family == AF_INET &&
+	      child->route.addr.src_addr.sa_family == AF_INET, "child of an IPv4 peer is AF_INET");
 	disconnect_pair(ch, client, child);
 	CHECK(rdma_destroy_id(listen) == 0, "destroy listen");
+}
+
+/* RoCEv2 over IPv6: a listener on ::1 and a client resolving [::1]. */
+static void test_connection_ipv6(struct rdma_event_channel *ch, int port)
+{
+	struct rdma_cm_id *listen, *client, *child;
+	struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons(port) };
+	union ibv_gid gid;
+
+	inet_pton(AF_INET6, "::1", &a6.sin6_addr);
+	CHECK(rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP) == 0, "create listen");
+	if (rdma_bind_addr(listen, (struct sockaddr *)&a6)) {
+		printf("rdmacm_api: no ::1 here (%s): IPv6 connection not checked\n",
+		       strerror(errno));
+		rdma_destroy_id(listen);
+		return;
+	}
+	CHECK(listen->verbs != NULL, "::1 is on a device");
+	CHECK(listen->route.addr.src_sin6.sin6_family == AF_INET6 &&
+	      IN6_IS_ADDR_LOOPBACK(&listen->route.addr.src_sin6.sin6_addr), "src ::1");
+	CHECK(rdma_listen(listen, 4) == 0, "listen ::1");
+	CHECK(rdma_create_id(ch, &client, NULL, RDMA_PS_TCP) == 0, "create client");
+	child = connect_pair(ch, listen, client, (struct sockaddr *)&a6);
+	CHECK(client->route.addr.dst_sin6.sin6_family == AF_INET6 &&
+	      IN6_IS_ADDR_LOOPBACK(&client->route.addr.dst_sin6.sin6_addr) &&
+	      ntohs(client->route.addr.dst_sin6.sin6_port) == port, "client dst [::1]");
+	CHECK(client->route.addr.src_sin6.sin6_family == AF_INET6 &&
+	      IN6_IS_ADDR_LOOPBACK(&client->route.addr.src_sin6.sin6_addr), "client src ::1");
+	CHECK(child->route.addr.dst_sin6.sin6_family == AF_INET6 &&
+	      IN6_IS_ADDR_LOOPBACK(&child->route.addr.dst_sin6.sin6_addr), "child dst ::1");
+	/* The GIDs are the IPv6 address itself, not IPv4-mapped. */
+	CHECK(IN6_IS_ADDR_LOOPBACK((struct in6_addr *)client->route.addr.addr.ibaddr.sgid.raw) &&
+	      IN6_IS_ADDR_LOOPBACK((struct in6_addr *)client->route.addr.addr.ibaddr.dgid.raw),
+	      "GIDs ::1");
+	CHECK(ibv_query_gid(client->verbs, 1, 0, &gid) == 0, "query gid");
+	disconnect_pair(ch, client, child);
+	CHECK(rdma_destroy_id(listen) == 0, "destroy listen ::1");
 }
 
 static void test_reject_and_nonblocking(struct rdma_event_channel *ch, int port)
@@ -363,10 +403,10 @@ static void test_migrate(struct rdma_event_channel *ch)
 int main(int argc, char **argv)
 {
 	struct rdma_event_channel *ch;
-	int port[3] = { 7471, 7472, 7473 };
+	int port[4] = { 7471, 7472, 7473, 7474 };
 	char ps[16];
 
-	for (int i = 0; i < 3 && i + 1 < argc; i++)
+	for (int i = 0; i < 4 && i + 1 < argc; i++)
 		port[i] = atoi(argv[i + 1]);
 
 	snprintf(ps, sizeof(ps), "%d", port[0]);
@@ -378,6 +418,7 @@ int main(int argc, char **argv)
 	test_errors(ch);
 	test_connection(ch, port[0], 0);
 	test_connection(ch, port[1], 1);
+	test_connection_ipv6(ch, port[3]);
 	test_reject_and_nonblocking(ch, port[2]);
 	test_migrate(ch);
 	rdma_destroy_event_channel(ch);
