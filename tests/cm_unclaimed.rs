@@ -164,3 +164,74 @@ fn a_waiting_req_is_handed_over_once_and_never_handed_on() {
     let (_, rej) = c.poll_transmit().expect("REJ");
     assert_eq!(rej_reason(&rej), Some(RejReason::InvalidServiceId));
 }
+
+/// The active side waits too, for a peer that rejects at once (Linux): a REJ "invalid Service
+/// ID" within the wait sends the REQ again shortly, and the connection is made once the peer
+/// listens; after the wait the REJ ends the attempt.
+#[test]
+fn the_active_side_asks_again_a_peer_that_rejects_at_once() {
+    let t0 = Instant::now();
+    let mut a = mgr(A, 1);
+    a.set_unclaimed_wait(WAIT);
+    let mut b = mgr(B, 2); // rejects at once, as Linux
+    let ida = a.connect(t0, &params()).unwrap();
+    let (_, req) = a.poll_transmit().unwrap();
+    b.handle_mad(t0, MadAddr::gsi_v4(A), &req);
+    let (_, rej) = b.poll_transmit().expect("REJ at once");
+    a.handle_mad(t0, MadAddr::gsi_v4(B), &rej);
+    assert!(a.poll_event().is_none(), "not REJECTED within the wait");
+    assert_eq!(a.stats.req_resent_after_rej, 1);
+    assert_eq!(a.poll_timeout(), Some(t0 + UNCLAIMED_REQ_RESEND));
+    // B listens now; A's REQ goes again and the connection is made.
+    b.listen(sid()).unwrap();
+    let t1 = t0 + UNCLAIMED_REQ_RESEND;
+    a.handle_timeout(t1);
+    let (_, again) = a.poll_transmit().expect("the REQ again");
+    assert_eq!(again, req);
+    b.handle_mad(t1, MadAddr::gsi_v4(A), &again);
+    let Some(CmEvent::ConnectRequest(info)) = b.poll_event() else {
+        panic!("B gets the request")
+    };
+    b.accept(t1, info.id, &AcceptParams::new(0x12, 0x2a3e9b))
+        .unwrap();
+    let (_, rep) = b.poll_transmit().expect("REP");
+    a.handle_mad(t1, MadAddr::gsi_v4(B), &rep);
+    assert!(matches!(a.poll_event(), Some(CmEvent::Established { id, .. }) if id == ida));
+}
+
+#[test]
+fn the_active_side_reports_rejected_after_the_wait() {
+    let t0 = Instant::now();
+    let mut a = mgr(A, 1);
+    a.set_unclaimed_wait(WAIT);
+    let mut b = mgr(B, 2);
+    a.connect(t0, &params()).unwrap();
+    let mut now = t0;
+    let mut rejected = None;
+    for _ in 0..100 {
+        while let Some((_, m)) = a.poll_transmit() {
+            b.handle_mad(now, MadAddr::gsi_v4(A), &m);
+        }
+        while let Some((_, m)) = b.poll_transmit() {
+            a.handle_mad(now, MadAddr::gsi_v4(B), &m);
+        }
+        if let Some(ev) = a.poll_event() {
+            rejected = Some((ev, now));
+            break;
+        }
+        now = a.poll_timeout().expect("a REQ resend pending");
+        a.handle_timeout(now);
+    }
+    let (ev, at) = rejected.expect("REJECTED in the end");
+    assert!(matches!(
+        ev,
+        CmEvent::Rejected {
+            reason: RejReason::InvalidServiceId,
+            ..
+        }
+    ));
+    assert_eq!(at, t0 + WAIT, "the last REQ goes when the wait ends");
+    // Again at 10, 20, 40, 80, 160 ms and when the wait ends: 7 REQs in all, within a
+    // peer's REJ rate limit (10 at once).
+    assert_eq!(a.stats.req_resent_after_rej, 6);
+}

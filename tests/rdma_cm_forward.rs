@@ -3,7 +3,9 @@
 //! address when its REQ goes out, so the REQ lands in the client's own process and waits there
 //! (`cm/manager/unclaimed.rs`); a server process then starts, joins the address and listens,
 //! and the waiting REQ is handed to it (`driver/forward.rs`): the connection is made, with no
-//! REJ and no retry.
+//! REJ and no retry. The server then returns from `main` with the connection still up, and the
+//! client gets DISCONNECTED, as from a Linux peer whose exiting process's ids the kernel
+//! destroys (`rdma_cm/route.rs`, `at_exit_disconnect`).
 //!
 //! A test without the libtest harness: run with `server PORT`, the binary is that server.
 
@@ -54,9 +56,11 @@ fn server(addr: SocketAddr) {
     let st = id.context().unwrap().stats().unwrap();
     println!("established rx_forwarded={}", st.rx_forwarded);
     std::io::stdout().flush().unwrap();
-    // Stay until the client has seen its side established.
+    // Stay until the client has seen its side established, then exit as a C program returning
+    // from `main` does: no destructor runs, the connection is up.
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
+    std::process::exit(0);
 }
 
 /// This process and the server it starts in a network namespace of their own, when root: no
@@ -86,6 +90,7 @@ fn private_netns() {
 }
 
 fn main() {
+    // No libtest harness: `--list` names the one test, other flags are ignored.
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("server") {
         let addr: SocketAddr = args[2].parse().expect("server ADDR:PORT");
@@ -158,6 +163,14 @@ fn main() {
         "established rx_forwarded=1",
         "the server's report"
     );
+    // The server exited with the connection up: its exit handler sent a DREQ.
+    match ch.get_cm_event_timeout(Duration::from_secs(10)) {
+        Some(ev) if ev.event() == EventType::Disconnected => ev.ack(),
+        other => panic!(
+            "expected DISCONNECTED after the server exited, got {:?}",
+            other.map(|e| e.event())
+        ),
+    }
     println!(
         "test a_req_waiting_in_the_clients_process_reaches_a_server_that_listens_later ... ok ({waited:?})"
     );

@@ -1,6 +1,7 @@
-//! The C libraries against the Rust API, same machine, same run: Debian's perftest and
-//! `ibv_rc_pingpong` on softrdma's libibverbs.so.1 (through `softrdma run`) against softrdma's
-//! Rust versions of the same programs (`examples/perftest`, `examples/rc_pingpong`), two
+//! The C libraries against the Rust API, same machine, same run: Debian's perftest
+//! (`ib_write_bw`, `ib_send_lat`) and `ibv_rc_pingpong` on softrdma's libibverbs.so.1 (through
+//! `softrdma run`) against softrdma's Rust versions of the same programs (`examples/perftest`
+//! `write` and `send_lat`, `examples/rc_pingpong`), two
 //! processes on the first device, each pair run alternately `ROUNDS` times; prints the medians
 //! and the ratio C/Rust.
 //!
@@ -66,6 +67,16 @@ fn usec_per_iter(out: &str) -> Option<f64> {
     })
 }
 
+/// perftest's latency line: "size iters t_min t_max t_typical ..." -> t_typical (µs).
+fn t_typical(out: &str) -> Option<f64> {
+    out.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() >= 9 && f[0] == "2")
+            .then(|| f[4].parse().ok())
+            .flatten()
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     v[v.len() / 2]
@@ -119,6 +130,37 @@ fn main() {
         println!(
             "{:<34} {:>9.0} MB/s {:>7.0} MB/s {:>7.2}",
             "64 KiB WRITE bw (ib_write_bw)",
+            a,
+            b,
+            a / b
+        );
+    }
+    // ib_send_lat: 2-byte SEND/RECV ping-pong, half the round trip (perftest's "typical").
+    let lat = ["-x", "0", "-s", "2", "-n", "20000", "-p", "18702"];
+    let mut cv = Vec::new();
+    let mut rv = Vec::new();
+    for _ in 0..ROUNDS {
+        let mut cc = lat.to_vec();
+        cc.push("127.0.0.1");
+        if let Some(v) =
+            pair(&c("ib_send_lat", &lat), &c("ib_send_lat", &cc)).and_then(|o| t_typical(&o))
+        {
+            cv.push(v);
+        }
+        let mut rs = vec!["send_lat"];
+        rs.extend_from_slice(&lat);
+        let mut rc = rs.clone();
+        rc.push("127.0.0.1");
+        if let Some(v) = pair(&r("perftest", &rs), &r("perftest", &rc)).and_then(|o| t_typical(&o))
+        {
+            rv.push(v);
+        }
+    }
+    if !cv.is_empty() && !rv.is_empty() {
+        let (a, b) = (median(cv), median(rv));
+        println!(
+            "{:<34} {:>10.2} µs {:>9.2} µs {:>7.2}",
+            "2 B SEND latency (ib_send_lat)",
             a,
             b,
             a / b

@@ -1,5 +1,6 @@
-//! perftest's `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw` and `ib_send_bw` for softrdma: RDMA
-//! WRITE, RDMA READ, 8-byte atomics and SEND, with perftest's TCP side channel or, with `-R`,
+//! perftest's `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`, `ib_send_bw` and `ib_send_lat` for
+//! softrdma: RDMA WRITE, RDMA READ, 8-byte atomics and SEND bandwidth, and the SEND/RECV
+//! ping-pong latency (`send_lat`), with perftest's TCP side channel or, with `-R`,
 //! everything connected by rdma_cm (`comm.rs`), so it interoperates with perftest (on kernel
 //! rdma_rxe) in either role.
 //!
@@ -27,6 +28,7 @@
 mod comm;
 #[path = "../getopt/mod.rs"]
 mod getopt;
+mod lat;
 
 use comm::{Comm, Dest};
 
@@ -47,6 +49,9 @@ const PAGE_SIZE: u32 = 4096;
 const CACHE_LINE: u32 = 64;
 const ATOMIC_ADD_VALUE: u64 = 1;
 const ATOMIC_SWAP_VALUE: u64 = 0;
+/// Receives each side of `send_lat` keeps posted.
+const LAT_RX_DEPTH: u64 = 16;
+const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Verb {
@@ -85,6 +90,8 @@ struct Opts {
     out_reads: Option<u32>,
     atomic: AtomicType,
     server: Option<String>,
+    /// `send_lat`: ib_send_lat's ping-pong instead of a bandwidth test.
+    lat: bool,
     /// `-R`: connect with rdma_cm (side channel and test QP).
     rdma_cm: bool,
     /// `-d`: the device (default: the first, as perftest).
@@ -92,11 +99,11 @@ struct Opts {
 }
 
 fn usage() {
-    println!("Usage: perftest write|read|atomic|send [options] [server]");
+    println!("Usage: perftest write|read|atomic|send|send_lat [options] [server]");
     println!("  -p, --port=<port>         TCP port of the exchange (default 18515)");
     println!("  -d, --ib-dev=<dev>        device (default: the first; without -R)");
     println!("  -i, --ib-port=<port>      port (default 1)");
-    println!("  -s, --size=<size>         message size (default 65536; atomics: 8)");
+    println!("  -s, --size=<size>         message size (default 65536; atomics: 8; send_lat: 2)");
     println!("  -n, --iters=<iters>       iterations (default 5000)");
     println!("  -m, --mtu=<mtu>           path MTU (default: the port's active MTU)");
     println!("  -x, --gid-index=<index>   local GID index (default 1, the IPv4 GID)");
@@ -109,12 +116,13 @@ fn usage() {
 
 fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let lat = args.first().map(String::as_str) == Some("send_lat");
     let verb = match args.first().map(String::as_str) {
         Some("write") => Verb::Write,
         Some("read") => Verb::Read,
         Some("atomic") => Verb::Atomic,
-        Some("send") => Verb::Send,
-        _ => return Err("the first argument must be write, read, atomic or send".into()),
+        Some("send" | "send_lat") => Verb::Send,
+        _ => return Err("the first argument must be write, read, atomic, send or send_lat".into()),
     };
     let spec = getopt::Spec {
         with_value: "pdisnmxtoA",
@@ -139,14 +147,19 @@ fn parse_args() -> Result<Opts, String> {
         verb,
         port: 18515,
         ib_port: 1,
-        size: if verb == Verb::Atomic { 8 } else { 65536 },
-        iters: 5000,
+        size: match verb {
+            Verb::Atomic => 8,
+            _ if lat => 2,
+            _ => 65536,
+        },
+        iters: if lat { 1000 } else { 5000 },
         mtu: None,
         gid_index: 1,
         tx_depth: 128,
         out_reads: None,
         atomic: AtomicType::FetchAdd,
         server: None,
+        lat,
         rdma_cm: false,
         ib_dev: None,
     };
@@ -366,8 +379,11 @@ fn run(o: Opts) -> Result<(), String> {
             }
         }
     };
-    // ib_send_bw's receiver keeps `rx_depth` receives posted (512, at most the iterations).
-    let rx_depth = if o.verb == Verb::Send {
+    // ib_send_bw's receiver keeps `rx_depth` receives posted (512, at most the iterations);
+    // ib_send_lat's sides keep a few.
+    let rx_depth = if o.lat {
+        o.iters.min(LAT_RX_DEPTH) as usize
+    } else if o.verb == Verb::Send {
         o.iters.min(512) as usize
     } else {
         1
@@ -441,8 +457,9 @@ fn run(o: Opts) -> Result<(), String> {
 
     println!("{RESULT_LINE}");
     println!(
-        "                    {} BW Test (softrdma)",
-        o.verb.tool().replace('_', " ")
+        "                    {} {} Test (softrdma)",
+        o.verb.tool().replace('_', " "),
+        if o.lat { "Latency" } else { "BW" }
     );
     println!(" Number of qps   : 1\t\tTransport type : IB");
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
@@ -480,9 +497,34 @@ fn run(o: Opts) -> Result<(), String> {
     comm.hand_shake(&my)?;
 
     println!("{RESULT_LINE}");
-    println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
+    if o.lat {
+        println!("{LAT_HEADER}");
+    } else {
+        println!(
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+        );
+    }
 
-    if o.verb == Verb::Send {
+    if o.lat {
+        // ib_send_lat: both sides post their receives, one more handshake, then the ping-pong.
+        let sge = [Sge {
+            addr: mr.addr() + half as u64,
+            length: o.size as u32,
+            lkey: mr.lkey(),
+        }];
+        for i in 0..rx_depth {
+            qp.post_recv(&[RecvWr {
+                wr_id: i as u64,
+                sg_list: &sge,
+            }])
+            .map_err(|e| format!(" Failed to post receive recv_wqes: {e}"))?;
+        }
+        comm.hand_shake(&my)?;
+        let lat = lat::ping_pong(&o, &qp, &cq, &mr, half, comm.client)?;
+        lat::print(o.size, &lat);
+        println!("{RESULT_LINE}");
+        comm.close(&my)?;
+    } else if o.verb == Verb::Send {
         // ib_send_bw: the receiver posts its receives, one more handshake, then both measure.
         if !comm.client {
             let sge = [Sge {

@@ -72,7 +72,7 @@ mod disconnect;
 mod passive;
 mod timers;
 mod unclaimed;
-pub use unclaimed::{MAX_UNCLAIMED, UNCLAIMED_RECHECK};
+pub use unclaimed::{MAX_UNCLAIMED, UNCLAIMED_RECHECK, UNCLAIMED_REQ_RESEND};
 
 pub use timers::{
     iba_time, peer_rep_timers, MRA_SERVICE_TIMEOUT_MAX, PEER_ACK_TIMEOUT_MAX,
@@ -412,6 +412,9 @@ struct Conn {
     /// Passive side: when an unanswered REP is given up whatever its retries and MRAs say
     /// ([`PEER_HOLD_MAX`] after the accept).
     give_up_at: Option<Instant>,
+    /// Active side: until when a REJ "invalid Service ID" (nobody listens yet) sends the REQ
+    /// again instead of ending the attempt (`unclaimed.rs`).
+    unclaimed_until: Option<Instant>,
 }
 
 /// The backlog of [`CmManager::listen`] (as Linux's `net.rdma_ucm.max_backlog` default): how
@@ -443,6 +446,8 @@ pub struct CmStats {
     pub unclaimed_rejected: u64,
     /// REQs that found no listener here and were handed to another process that listens.
     pub unclaimed_forwarded: u64,
+    /// Our REQs sent again after a REJ "invalid Service ID" (the peer did not listen yet).
+    pub req_resent_after_rej: u64,
 }
 
 /// The IB CM endpoint of one port.
@@ -690,6 +695,23 @@ impl CmManager {
             | ConnState::ReqRcvd
             | ConnState::MraReqSent => {}
             _ => return false,
+        }
+        if c.state == ConnState::ReqSent
+            && r.reason == RejReason::InvalidServiceId
+            && c.unclaimed_until.is_some_and(|t| now < t)
+        {
+            // The server may be about to listen: ask again soon (`unclaimed.rs`), backing off
+            // (10 ms, then as long as the attempt has lasted), a last time when the wait ends.
+            let until = c.unclaimed_until.expect("checked");
+            let started = until - self.unclaimed_wait;
+            let delay = unclaimed::UNCLAIMED_REQ_RESEND.max(now - started);
+            if let Some(rt) = c.retry.as_mut() {
+                rt.deadline = (now + delay).min(until);
+                // The resend does not count against the REQ's retries.
+                rt.left = rt.left.saturating_add(1);
+            }
+            self.stats.req_resent_after_rej += 1;
+            return true;
         }
         if r.reason == RejReason::StaleConn {
             Self::enter_timewait(c, now);

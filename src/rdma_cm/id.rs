@@ -1095,6 +1095,28 @@ impl CmId {
 }
 
 impl Context {
+    /// Send a DREQ (or the DREP owed) for every connection of this device, once (see
+    /// `route::at_exit_disconnect`). Never waits long for the engine: the process is exiting,
+    /// and another thread may hold it for good.
+    pub(crate) fn disconnect_all_at_exit(&self) {
+        let s = &self.shared;
+        let deadline = Instant::now() + std::time::Duration::from_millis(50);
+        let mut e = loop {
+            match s.engine.try_lock() {
+                Ok(e) => break e,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
+        let now = Instant::now();
+        if e.cma.cm.disconnect_all(now) > 0 {
+            e.flush_cma(&s.io, now);
+        }
+    }
+
     /// Run `f` on this device's rdma_cm core under the engine lock, then send what the CM has to
     /// send, deliver its events, and flush the QPs it changed.
     pub(crate) fn with_cma<R>(

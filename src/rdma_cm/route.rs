@@ -44,7 +44,31 @@ pub(crate) fn context_for(dev: &Device) -> Result<Context> {
     }
     let c = dev.open()?;
     r.contexts.insert(dev.name().to_string(), c.clone());
+    at_exit_disconnect();
     Ok(c)
+}
+
+/// At normal process exit, disconnect what the program left connected, as Linux does when it
+/// closes an exiting process's rdma_cm fd: otherwise a peer that waits for DISCONNECTED
+/// (perftest's `ib_*_lat -R` client, whose server just returns from `main`) waits for its own
+/// DREQ to time out. Registered after the device's sockets joined their groups, so it runs
+/// before they leave (`atexit` handlers run in reverse order). A process that is killed sends
+/// nothing; its peers time out, as with any peer that vanishes.
+fn at_exit_disconnect() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn on_exit() {
+        let ctxs: Vec<Context> = {
+            let r = registry();
+            r.contexts.values().chain(r.extra.iter()).cloned().collect()
+        };
+        for c in ctxs {
+            c.disconnect_all_at_exit();
+        }
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(on_exit) };
+    });
 }
 
 /// Every device's context that can be opened (a wildcard listener listens on all of them). A
@@ -112,6 +136,7 @@ pub(crate) fn context_for_local(a: IpAddr) -> Result<Context> {
         Err(e) => return Err(e.into()),
     };
     registry().extra.push(c.clone());
+    at_exit_disconnect();
     Ok(c)
 }
 

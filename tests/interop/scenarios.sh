@@ -317,6 +317,64 @@ capi_pair uc-pingpong \
   'ibv_uc_pingpong -g 1 -n 100 -s 4096' 'ibv_uc_pingpong -d rxe0 -g 1 -n 100 -s 4096 $HOST_IP' \
   '^819200 bytes in [0-9.]+ seconds'
 
+# The rdma_cm tools and perftest, Debian's binaries on softrdma's librdmacm.so.1 against the
+# kernel's. rping: -v prints the data on both sides; the last ping names both ends' progress.
+capi_pair rping \
+  'rping -s -a $GUEST_IP -p 7996 -C 5 -S 64 -v' 'rping -c -a $GUEST_IP -p 7996 -C 5 -S 64 -V -v' \
+  'rping -s -a $HOST_IP -p 7996 -C 5 -S 64 -v' 'rping -c -a $HOST_IP -p 7996 -C 5 -S 64 -V -v' \
+  'ping data: rdma-ping-4: ' 'sleep 2'
+capi_pair ucmatose \
+  'ucmatose -c 3 -C 10' 'ucmatose -s $GUEST_IP -c 3 -C 10' \
+  'ucmatose -b $HOST_IP -c 3 -C 10' 'ucmatose -s $HOST_IP -c 3 -C 10' \
+  '^data transfers complete' 'sleep 2'
+capi_pair udaddy \
+  'udaddy' 'udaddy -s $GUEST_IP' \
+  'udaddy -b $HOST_IP' 'udaddy -s $HOST_IP' \
+  '^data transfers complete' 'sleep 2'
+# perftest: each side prints the result line "SIZE ITERS ..." (bandwidth: the server the client's
+# report; latency: both their own, "inf" in the guest when perftest cannot time qemu's CPU).
+capi_pair ib-write-bw \
+  'ib_write_bw -d rxe0 -x 1 -F -n 200 -s 65536' 'ib_write_bw -x 1 -F -n 200 -s 65536 $GUEST_IP' \
+  'ib_write_bw -x 1 -F -n 200 -s 65536' 'ib_write_bw -d rxe0 -x 1 -F -n 200 -s 65536 $HOST_IP' \
+  '^ *65536 +200 +[0-9.]+ +[0-9.]+'
+capi_pair ib-send-lat \
+  'ib_send_lat -d rxe0 -x 1 -F -n 200 -s 2' 'ib_send_lat -x 1 -F -n 200 -s 2 $GUEST_IP' \
+  'ib_send_lat -x 1 -F -n 200 -s 2' 'ib_send_lat -d rxe0 -x 1 -F -n 200 -s 2 $HOST_IP' \
+  '^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)'
+capi_pair ib-read-bw-R \
+  'ib_read_bw -d rxe0 -R -F -n 200 -s 65536' 'ib_read_bw -R -F -n 200 -s 65536 $GUEST_IP' \
+  'ib_read_bw -R -F -n 200 -s 65536' 'ib_read_bw -d rxe0 -R -F -n 200 -s 65536 $HOST_IP' \
+  '^ *65536 +200 +[0-9.]+ +[0-9.]+' 'sleep 2'
+capi_pair ib-send-lat-R \
+  'ib_send_lat -d rxe0 -R -F -n 200' 'ib_send_lat -R -F -n 200 $GUEST_IP' \
+  'ib_send_lat -R -F -n 200' 'ib_send_lat -d rxe0 -R -F -n 200 $HOST_IP' \
+  '^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)' 'sleep 2'
+# ib_atomic_lat: only the client reports; its server returns from main with both rdma_cm
+# connections up, and the client waits for DISCONNECTED (softrdma's exit handler sends the DREQs
+# Linux sends when it closes an exiting process's rdma_cm fd).
+atomic_lat_line='^ *8 +200 +([0-9.]+|inf) +([0-9.]+|inf)'
+scenario capi-ib-atomic-lat-R-kernel-server role=host-client needs="$CAPI" timeout=90 \
+  desc="kernel ib_atomic_lat -R server in the guest, Debian's ib_atomic_lat -R on softrdma" \
+  guest='ib_atomic_lat -d rxe0 -R -F -n 200 & srv=$!; sleep 2; ready; wait $srv' \
+  host='for i in 1 2 3 4 5 6; do "$EX/../softrdma" run -- ib_atomic_lat -R -F -n 200 $GUEST_IP && exit 0; sleep 2; done; exit 1' \
+  expect_host="$atomic_lat_line"
+scenario capi-ib-atomic-lat-R-host-server role=host-server needs="$CAPI" timeout=90 \
+  desc="Debian's ib_atomic_lat -R server on softrdma, kernel ib_atomic_lat -R client in the guest" \
+  host='"$EX/../softrdma" run -- ib_atomic_lat -R -F -n 200' host_ready='sleep 2' \
+  guest='ib_atomic_lat -d rxe0 -R -F -n 200 $HOST_IP' \
+  expect_guest="$atomic_lat_line"
+# Softrdma's Rust perftest send_lat against the kernel's ib_send_lat, both ways.
+scenario perftest-send-lat-kernel-server role=host-client needs=perftest timeout=90 \
+  desc="kernel ib_send_lat server in the guest, softrdma perftest send_lat client" \
+  guest="ib_send_lat -d rxe0 -x 1 -F -n 200 -s 2 & srv=\$!; wait_listen 18515 && ready && wait \$srv" \
+  host="\"\$EX/perftest\" send_lat -x 1 -F -n 200 -s 2 \$GUEST_IP" \
+  expect_guest='^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)' expect_host='^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)'
+scenario perftest-send-lat-host-server role=host-server needs=perftest timeout=90 \
+  desc="softrdma perftest send_lat server, kernel ib_send_lat client in the guest" \
+  host="\"\$EX/perftest\" send_lat -x 1 -F -n 200 -s 2" host_ready='host_listening 18515' \
+  guest="ib_send_lat -d rxe0 -x 1 -F -n 200 -s 2 \$HOST_IP" \
+  expect_guest='^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)' expect_host='^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)'
+
 # --- IPv6: RoCEv2 over IPv6 (fd77::1 on the host, fd77::2 in the guest, same link). --------------
 # The guest's GID of fd77::2 is wherever rxe put it (gid_index); the host device's is index 2 (its
 # IPv4-mapped GID at 0 and 1, then its IPv6 addresses, global ones first). The ICRC covers the IPv6

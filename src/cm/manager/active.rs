@@ -86,6 +86,8 @@ impl CmManager {
                 timewait_until: None,
                 last_reply: None,
                 give_up_at: None,
+                unclaimed_until: (!self.unclaimed_wait.is_zero())
+                    .then(|| now + self.unclaimed_wait),
             },
         );
         let bytes = emit(|b| m.emit(b));

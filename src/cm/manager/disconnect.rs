@@ -3,6 +3,22 @@
 use super::*;
 
 impl CmManager {
+    /// What Linux does for a process's connections when it exits without tearing them down
+    /// (its rdma_cm fd is closed and every id destroyed): a DREQ for each established one, a
+    /// DREP for each whose DREQ is unanswered. Sent once each; returns how many.
+    pub fn disconnect_all(&mut self, now: Instant) -> usize {
+        let mut ids: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.state, ConnState::Established | ConnState::DreqRcvd))
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids.into_iter()
+            .filter(|&id| self.disconnect(now, CmId(id), &[]).is_ok())
+            .count()
+    }
+
     /// rdma_disconnect: in ESTABLISHED send a DREQ (up to 220 bytes of private data); after a
     /// DREQ was received, send the DREP (up to 224 bytes) and enter timewait.
     pub fn disconnect(

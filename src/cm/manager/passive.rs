@@ -265,6 +265,7 @@ impl CmManager {
                 timewait_until: None,
                 last_reply: None,
                 give_up_at: None,
+                unclaimed_until: None,
             },
         );
         let _ = now;

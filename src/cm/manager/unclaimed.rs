@@ -9,6 +9,12 @@
 //! listens on yet reaches whichever process the kernel's hash picks, not the one about to
 //! listen.
 //!
+//! The same wait holds on the active side, for a peer that rejects at once (Linux): a REJ
+//! "invalid Service ID" within the wait sends the REQ again [`UNCLAIMED_REQ_RESEND`] later,
+//! then after as long as the attempt has lasted (7 REQs in 250 ms, within what a peer's REJ
+//! rate limit allows), and only a REJ after the wait ends the attempt (REJECTED). Either way a client sees REJECTED for
+//! a port nobody listens on after the wait, whatever the server's stack.
+//!
 //! So a REQ that finds no listener waits here, for at most [`CmManager::set_unclaimed_wait`]:
 //! a listener for its Service ID that appears meanwhile gets it (as if it had just arrived),
 //! the driver may hand it to the process that listens now ([`CmManager::forward_unclaimed`]),
@@ -21,6 +27,9 @@ use super::*;
 
 /// REQs waiting for a listener at once, at most.
 pub const MAX_UNCLAIMED: usize = 32;
+
+/// How soon the active side sends its REQ again after its first REJ "invalid Service ID".
+pub const UNCLAIMED_REQ_RESEND: Duration = Duration::from_millis(10);
 
 /// How often the driver may look for another process that listens for a waiting REQ.
 pub const UNCLAIMED_RECHECK: Duration = Duration::from_millis(2);
