@@ -101,6 +101,7 @@ fn free_loopback() -> String {
 
 #[test]
 fn rping_cmatose_and_seed_001_between_two_processes() {
+    examples_util::private_netns();
     rping_and_cmatose();
     seed_rdma_cm_server_and_client();
 }
@@ -225,6 +226,7 @@ fn have_v6() -> bool {
 /// over `::1`.
 #[test]
 fn rping_and_udaddy_over_ipv6_between_two_processes() {
+    examples_util::private_netns();
     if !have_v6() {
         return;
     }

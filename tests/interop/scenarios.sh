@@ -331,38 +331,38 @@ capi_pair udaddy \
   'udaddy' 'udaddy -s $GUEST_IP' \
   'udaddy -b $HOST_IP' 'udaddy -s $HOST_IP' \
   '^data transfers complete' 'sleep 2'
-# perftest: each side prints the result line "SIZE ITERS ..." (bandwidth: the server the client's
-# report; latency: both their own, "inf" in the guest when perftest cannot time qemu's CPU).
-capi_pair ib-write-bw \
-  'ib_write_bw -d rxe0 -x 1 -F -n 200 -s 65536' 'ib_write_bw -x 1 -F -n 200 -s 65536 $GUEST_IP' \
-  'ib_write_bw -x 1 -F -n 200 -s 65536' 'ib_write_bw -d rxe0 -x 1 -F -n 200 -s 65536 $HOST_IP' \
-  '^ *65536 +200 +[0-9.]+ +[0-9.]+'
-capi_pair ib-send-lat \
-  'ib_send_lat -d rxe0 -x 1 -F -n 200 -s 2' 'ib_send_lat -x 1 -F -n 200 -s 2 $GUEST_IP' \
-  'ib_send_lat -x 1 -F -n 200 -s 2' 'ib_send_lat -d rxe0 -x 1 -F -n 200 -s 2 $HOST_IP' \
-  '^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)'
-capi_pair ib-read-bw-R \
-  'ib_read_bw -d rxe0 -R -F -n 200 -s 65536' 'ib_read_bw -R -F -n 200 -s 65536 $GUEST_IP' \
-  'ib_read_bw -R -F -n 200 -s 65536' 'ib_read_bw -d rxe0 -R -F -n 200 -s 65536 $HOST_IP' \
-  '^ *65536 +200 +[0-9.]+ +[0-9.]+' 'sleep 2'
-capi_pair ib-send-lat-R \
-  'ib_send_lat -d rxe0 -R -F -n 200' 'ib_send_lat -R -F -n 200 $GUEST_IP' \
-  'ib_send_lat -R -F -n 200' 'ib_send_lat -d rxe0 -R -F -n 200 $HOST_IP' \
-  '^ *2 +200 +([0-9.]+|inf) +([0-9.]+|inf)' 'sleep 2'
-# ib_atomic_lat: only the client reports; its server returns from main with both rdma_cm
-# connections up, and the client waits for DISCONNECTED (softrdma's exit handler sends the DREQs
-# Linux sends when it closes an exiting process's rdma_cm fd).
-atomic_lat_line='^ *8 +200 +([0-9.]+|inf) +([0-9.]+|inf)'
-scenario capi-ib-atomic-lat-R-kernel-server role=host-client needs="$CAPI" timeout=90 \
-  desc="kernel ib_atomic_lat -R server in the guest, Debian's ib_atomic_lat -R on softrdma" \
-  guest='ib_atomic_lat -d rxe0 -R -F -n 200 & srv=$!; sleep 2; ready; wait $srv' \
-  host='for i in 1 2 3 4 5 6; do "$EX/../softrdma" run -- ib_atomic_lat -R -F -n 200 $GUEST_IP && exit 0; sleep 2; done; exit 1' \
-  expect_host="$atomic_lat_line"
-scenario capi-ib-atomic-lat-R-host-server role=host-server needs="$CAPI" timeout=90 \
-  desc="Debian's ib_atomic_lat -R server on softrdma, kernel ib_atomic_lat -R client in the guest" \
-  host='"$EX/../softrdma" run -- ib_atomic_lat -R -F -n 200' host_ready='sleep 2' \
-  guest='ib_atomic_lat -d rxe0 -R -F -n 200 $HOST_IP' \
-  expect_guest="$atomic_lat_line"
+# perftest, every test with its TCP exchange and with -R: both sides print the result line
+# "SIZE ITERS ..." (bandwidth: the server the client's report; latency: their own, "inf" in the
+# guest when perftest cannot time qemu's CPU), except ib_read_lat's and ib_atomic_lat's server,
+# which only lends its memory and returns from main (with -R its rdma_cm connections still up:
+# the client then waits for DISCONNECTED, which softrdma's exit handler sends as Linux does).
+capi_perftest() {
+  local t=$1 k=$2 r=$3 sz=2 sarg line both=1 tag ks=() hs=()
+  [ "$k" = bw ] && sz=65536
+  [ "$t" = atomic ] && sz=8
+  sarg="-s $sz"; [ "$t" = atomic ] && sarg=""
+  { [ "$k" = lat ] && { [ "$t" = read ] || [ "$t" = atomic ]; }; } && both=0
+  line="^ *$sz +200 +([0-9.]+|inf) +([0-9.]+|inf)"
+  tag="ib-$t-$k${r:+-R}"
+  [ $both = 1 ] && ks=("expect_guest=$line") && hs=("expect_host=$line")
+  local ready='host_listening 18515'
+  [ -n "$r" ] && ready='sleep 2'
+  scenario "capi-$tag-kernel-server" role=host-client needs="$CAPI" timeout=90 \
+    desc="kernel ib_${t}_$k $r in the guest, Debian's ib_${t}_$k $r on softrdma" \
+    guest="ib_${t}_$k -d rxe0 $r -x 1 -F -n 200 $sarg & srv=\$!; sleep 2; ready; wait \$srv" \
+    host="for i in 1 2 3 4 5 6; do \"\$EX/../softrdma\" run -- ib_${t}_$k $r -x 1 -F -n 200 $sarg \$GUEST_IP && exit 0; sleep 2; done; exit 1" \
+    expect_host="$line" "${ks[@]}"
+  scenario "capi-$tag-host-server" role=host-server needs="$CAPI" timeout=90 \
+    desc="Debian's ib_${t}_$k $r server on softrdma, kernel ib_${t}_$k $r client in the guest" \
+    host="\"\$EX/../softrdma\" run -- ib_${t}_$k $r -x 1 -F -n 200 $sarg" host_ready="$ready" \
+    guest="ib_${t}_$k -d rxe0 $r -x 1 -F -n 200 $sarg \$HOST_IP" \
+    expect_guest="$line" "${hs[@]}"
+}
+for t in send write read atomic; do
+  for k in bw lat; do
+    for r in "" -R; do capi_perftest $t $k "$r"; done
+  done
+done
 # Softrdma's Rust perftest send_lat against the kernel's ib_send_lat, both ways.
 scenario perftest-send-lat-kernel-server role=host-client needs=perftest timeout=90 \
   desc="kernel ib_send_lat server in the guest, softrdma perftest send_lat client" \

@@ -73,6 +73,31 @@ if [ -x "$CAPI" ]; then
     "$CAPI run -- ibv_ud_pingpong -g 0 -n 200 -s 1024 $IPA" '^409600 bytes in'
   run capi-srq-pingpong "$CAPI run -- ibv_srq_pingpong -g 0 -n 100 -s 4096" \
     "$CAPI run -- ibv_srq_pingpong -g 0 -n 100 -s 4096 $IPA" '^819200 bytes in'
+  # The device list of a namespace: the veth first (its IPv4 GID), the loopback device last.
+  run capi-ibv-devinfo "true" \
+    "$CAPI run -- ibv_devices && $CAPI run -- ibv_devinfo -v | grep GID" 'GID\[  0\]:[[:space:]]+::ffff:10\.78\.0\.2, RoCE v2'
+  run capi-rping "$CAPI run -- rping -s -a $IPA -p 7310 -C 10 -V -v" \
+    "$CAPI run -- rping -c -a $IPA -p 7310 -C 10 -V -v" '^ping data: rdma-ping-9: '
+  run capi-ucmatose "$CAPI run -- ucmatose -c 4 -C 20" \
+    "$CAPI run -- ucmatose -s $IPA -c 4 -C 20" '^return status 0'
+  run capi-udaddy "$CAPI run -- udaddy -c 2 -C 10" \
+    "$CAPI run -- udaddy -s $IPA -c 2 -C 10" '^return status 0'
+  run capi-rdma-server-client "$CAPI run -- rdma_server -p 7311" \
+    "$CAPI run -- rdma_client -s $IPA -p 7311" '^rdma_client: end 0'
+  # cmtime's server never exits by itself: stopped once its client is surely done.
+  run capi-cmtime "($CAPI run -- cmtime -b $IPA -p 7312 & p=\$!; sleep 6; kill \$p); true" \
+    "$CAPI run -- cmtime -s $IPA -p 7312 -c 20" '^disconnect +: +[0-9.]+'
+  # perftest, every test with its TCP exchange and with -R (rdma_cm), perftest's result line.
+  for t in send write read atomic; do
+    for k in bw lat; do
+      case $t in atomic) sz=8 ;; *) sz=$([ $k = bw ] && echo 65536 || echo 2) ;; esac
+      sarg=""; [ $t != atomic ] && sarg="-s $sz"
+      for r in "" "-R"; do
+        run "capi-ib-$t-$k${r:+-R}" "$CAPI run -- ib_${t}_$k $r -F -n 200 $sarg" \
+          "$CAPI run -- ib_${t}_$k $r -F -n 200 $sarg $IPA" "^ *$sz +200 +[0-9.]+ +[0-9.]+"
+      done
+    done
+  done
 else
   echo "SKIP capi-* (build $CAPI: cargo build --release -p softrdma-capi)"
 fi
