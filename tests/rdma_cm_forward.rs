@@ -10,6 +10,8 @@
 //! A test without the libtest harness: run with `server PORT`, the binary is that server.
 
 mod cm_util;
+#[path = "common/netns.rs"]
+mod netns;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -63,32 +65,6 @@ fn server(addr: SocketAddr) {
     std::process::exit(0);
 }
 
-/// This process and the server it starts in a network namespace of their own, when root: no
-/// other process on the machine shares 127.0.0.1's device with them then.
-fn private_netns() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return;
-    }
-    // SAFETY: unshare changes this (single-threaded) process's network namespace.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        return;
-    }
-    // SAFETY: a datagram socket closed below; the ioctls use the `ifreq` we own.
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        assert!(s >= 0);
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (d, b) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
-            *d = *b as libc::c_char;
-        }
-        assert_eq!(libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr), 0);
-        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        assert_eq!(libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr), 0);
-        libc::close(s);
-    }
-}
-
 fn main() {
     // No libtest harness: `--list` names the one test, other flags are ignored.
     let args: Vec<String> = std::env::args().collect();
@@ -101,7 +77,9 @@ fn main() {
         println!("a_req_waiting_in_the_clients_process_reaches_a_server_that_listens_later: test");
         return;
     }
-    private_netns();
+    // This process and the server it starts get a namespace of their own (when root): no
+    // other process on the machine shares 127.0.0.1's device with them then.
+    netns::private_netns();
     let lo = cm_util::loopback();
     // A port nobody uses: bound here for a moment, then free.
     let port = {

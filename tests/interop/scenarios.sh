@@ -331,6 +331,12 @@ capi_pair udaddy \
   'udaddy' 'udaddy -s $GUEST_IP' \
   'udaddy -b $HOST_IP' 'udaddy -s $HOST_IP' \
   '^data transfers complete' 'sleep 2'
+# rdma_server/rdma_client: synchronous endpoints (rdma_create_ep, rdma_get_request) and the
+# rdma_verbs.h helpers, on the librdmacm side; the kernel side is rdma-core's own librdmacm.
+capi_pair rdma-server-client \
+  'rdma_server -p 7471' 'rdma_client -s $GUEST_IP -p 7471' \
+  'rdma_server -p 7471' 'rdma_client -s $HOST_IP -p 7471' \
+  ': end 0' 'sleep 2'
 # perftest, every test with its TCP exchange and with -R: both sides print the result line
 # "SIZE ITERS ..." (bandwidth: the server the client's report; latency: their own, "inf" in the
 # guest when perftest cannot time qemu's CPU), except ib_read_lat's and ib_atomic_lat's server,
