@@ -49,4 +49,5 @@ pub fn example(name: &str) -> PathBuf {
 
 #[path = "../common/netns.rs"]
 mod netns;
+#[allow(unused_imports)]
 pub use netns::private_netns;

@@ -139,4 +139,5 @@ pub fn compile_c(name: &str) -> PathBuf {
 
 #[path = "../../../tests/common/netns.rs"]
 mod netns;
+#[allow(unused_imports)]
 pub use netns::private_netns;
