@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use softrdma::transport::{SendFlags, SendOp, Sge, WcOpcode, WcStatus};
-use softrdma::verbs::{CompletionQueue, MemoryRegion, QueuePair, RecvWr, SendWr, WorkCompletion};
+use softrdma::transport::{SendOp, Sge, WcOpcode};
+use softrdma::verbs::{CompletionQueue, MemoryRegion, QueuePair, RecvWr, WorkCompletion};
 
 use super::Opts;
 
@@ -45,30 +45,14 @@ pub fn ping_pong(
             });
         if may_send {
             posted_at.push(Instant::now());
-            qp.post_send(&[SendWr {
-                wr_id: sent,
-                op: SendOp::Send,
-                sg_list: &send_sge,
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
-            }])
-            .map_err(|e| format!("Couldn't post send: scnt={sent}: {e}"))?;
+            super::post_signaled(qp, sent, SendOp::Send, &send_sge)?;
             sent += 1;
         }
         let n = cq
             .poll(&mut wcs)
             .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
-            if wc.status != WcStatus::Success {
-                return Err(format!(
-                    "Completion with error: wr_id {} status {} ({:?})",
-                    wc.wr_id,
-                    wc.status.as_str(),
-                    wc.opcode
-                ));
-            }
+            super::check_wc(wc, if client { "client" } else { "server" })?;
             if wc.opcode == WcOpcode::Recv {
                 received += 1;
                 if reposted < o.iters {

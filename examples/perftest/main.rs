@@ -727,30 +727,14 @@ fn run_client(
                     },
                 },
             };
-            qp.post_send(&[SendWr {
-                wr_id: posted,
-                op,
-                sg_list: &sge,
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
-            }])
-            .map_err(|e| format!("Couldn't post send: scnt={posted}: {e}"))?;
+            post_signaled(qp, posted, op, &sge)?;
             posted += 1;
         }
         let n = cq
             .poll(&mut wcs)
             .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
-            if wc.status != WcStatus::Success {
-                return Err(format!(
-                    "Completion with error at client: wr_id {} status {} ({:?})",
-                    wc.wr_id,
-                    wc.status.as_str(),
-                    wc.opcode
-                ));
-            }
+            check_wc(wc, "client")?;
         }
         if n > 0 {
             done += n as u64;
@@ -799,13 +783,7 @@ fn run_receiver(
             .poll(&mut wcs)
             .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
-            if wc.status != WcStatus::Success {
-                return Err(format!(
-                    "Completion with error at server: status {} ({:?})",
-                    wc.status.as_str(),
-                    wc.opcode
-                ));
-            }
+            check_wc(wc, "server")?;
             got += 1;
             if posted < o.iters {
                 qp.post_recv(&[RecvWr {
@@ -835,6 +813,33 @@ fn run_receiver(
         bw_avg: bw,
         msg_rate: o.iters as f64 / secs / 1e6,
     })
+}
+
+/// Post one signaled send work request (`wr_id`, `op` over `sge`).
+fn post_signaled(qp: &QueuePair, wr_id: u64, op: SendOp, sge: &[Sge]) -> Result<(), String> {
+    qp.post_send(&[SendWr {
+        wr_id,
+        op,
+        sg_list: sge,
+        flags: SendFlags {
+            signaled: true,
+            ..Default::default()
+        },
+    }])
+    .map_err(|e| format!("Couldn't post send: scnt={wr_id}: {e}"))
+}
+
+/// A completion in error ends the test, as perftest's do.
+fn check_wc(wc: &WorkCompletion, side: &str) -> Result<(), String> {
+    if wc.status == WcStatus::Success {
+        return Ok(());
+    }
+    Err(format!(
+        "Completion with error at {side}: wr_id {} status {} ({:?})",
+        wc.wr_id,
+        wc.status.as_str(),
+        wc.opcode
+    ))
 }
 
 fn main() -> ExitCode {
