@@ -20,26 +20,12 @@ use std::time::{Duration, Instant};
 
 use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma::transport::{QpCaps, QpState};
-use softrdma::verbs::{QpInitAttr, QpType, QueuePair};
+use softrdma::verbs::{QpType, QueuePair};
 
 const T: Duration = Duration::from_secs(30);
 
 fn rc_qp(id: &CmId) -> QueuePair {
-    let ctx = id.context().expect("a device");
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8, None).unwrap();
-    id.create_qp(
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: QpCaps::default(),
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-            srq: None,
-        },
-    )
-    .unwrap()
+    cm_util::qp_on(id, QpType::Rc, QpCaps::default())
 }
 
 /// The server: listen on `addr` at once, accept one connection, report.

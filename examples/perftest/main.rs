@@ -507,18 +507,7 @@ fn run(o: Opts) -> Result<(), String> {
 
     if o.lat {
         // ib_send_lat: both sides post their receives, one more handshake, then the ping-pong.
-        let sge = [Sge {
-            addr: mr.addr() + half as u64,
-            length: o.size as u32,
-            lkey: mr.lkey(),
-        }];
-        for i in 0..rx_depth {
-            qp.post_recv(&[RecvWr {
-                wr_id: i as u64,
-                sg_list: &sge,
-            }])
-            .map_err(|e| format!(" Failed to post receive recv_wqes: {e}"))?;
-        }
+        post_receives(&qp, &mr, half, o.size, rx_depth)?;
         comm.hand_shake(&my)?;
         let lat = lat::ping_pong(&o, &qp, &cq, &mr, half, comm.client)?;
         lat::print(o.size, &lat);
@@ -527,18 +516,7 @@ fn run(o: Opts) -> Result<(), String> {
     } else if o.verb == Verb::Send {
         // ib_send_bw: the receiver posts its receives, one more handshake, then both measure.
         if !comm.client {
-            let sge = [Sge {
-                addr: mr.addr() + half as u64,
-                length: o.size as u32,
-                lkey: mr.lkey(),
-            }];
-            for i in 0..rx_depth {
-                qp.post_recv(&[RecvWr {
-                    wr_id: i as u64,
-                    sg_list: &sge,
-                }])
-                .map_err(|e| format!(" Failed to post receive recv_wqes: {e}"))?;
-            }
+            post_receives(&qp, &mr, half, o.size, rx_depth)?;
         }
         comm.hand_shake(&my)?;
         let rep = if comm.client {
@@ -813,6 +791,29 @@ fn run_receiver(
         bw_avg: bw,
         msg_rate: o.iters as f64 / secs / 1e6,
     })
+}
+
+/// `ctx_set_recv_wqes`: `n` receives of `size` bytes into the MR's second half.
+fn post_receives(
+    qp: &QueuePair,
+    mr: &softrdma::verbs::MemoryRegion,
+    half: usize,
+    size: usize,
+    n: usize,
+) -> Result<(), String> {
+    let sge = [Sge {
+        addr: mr.addr() + half as u64,
+        length: size as u32,
+        lkey: mr.lkey(),
+    }];
+    for i in 0..n {
+        qp.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sg_list: &sge,
+        }])
+        .map_err(|e| format!(" Failed to post receive recv_wqes: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Post one signaled send work request (`wr_id`, `op` over `sge`).
