@@ -139,7 +139,7 @@ pub(crate) fn resync(
         }
     }
     let mut slots: Vec<u8> = found.iter().flatten().copied().collect();
-    if slots.len() != n {
+    if n == 0 || slots.len() != n {
         return Ok(false);
     }
     slots.sort_unstable();

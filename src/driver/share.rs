@@ -51,7 +51,10 @@ fn registry_dir() -> PathBuf {
 /// The network namespace's identity: reuseport groups are per namespace, and two namespaces
 /// may both have an address (127.0.0.1 always).
 fn netns_id() -> String {
-    std::fs::read_link("/proc/self/ns/net")
+    // The calling thread's namespace (a thread may have moved to one of its own, as tests do);
+    // `/proc/self` would show the process's first thread's.
+    std::fs::read_link("/proc/thread-self/ns/net")
+        .or_else(|_| std::fs::read_link("/proc/self/ns/net"))
         .ok()
         .and_then(|p| {
             let s = p.to_string_lossy().into_owned();
@@ -282,7 +285,10 @@ fn kernel_group_size(addr: SocketAddr) -> Option<usize> {
         .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
         .collect();
     want.push_str(&format!(":{:04X}", crate::wire::ROCE_V2_PORT));
-    let table = std::fs::read_to_string(table).ok()?;
+    // The calling thread's view of its network namespace (see `netns_id`).
+    let table = std::fs::read_to_string(format!("/proc/thread-self{}", &table[5..]))
+        .or_else(|_| std::fs::read_to_string(table))
+        .ok()?;
     Some(
         table
             .lines()
@@ -432,7 +438,9 @@ impl Share {
             return;
         };
         prune(self.reg.as_raw_fd(), &mut layout, Some(self.slot));
-        let Some(n) = kernel_group_size(self.addr) else {
+        // Our own socket is in the group: a count of 0 is a wrong view (another namespace's
+        // table), and steering by it would drop every member.
+        let Some(n) = kernel_group_size(self.addr).filter(|n| *n > 0) else {
             return;
         };
         if let Ok(true) = super::probe::resync(self.addr, n, (sock_fd, self.slot), &mut layout) {
