@@ -1,13 +1,15 @@
-//! Two contexts on one address (127.0.0.1) while the group's steering is stale: a program that
-//! sends every datagram to the first context (as after a context died and before anyone
-//! re-steered). Datagrams for the second context reach the first, which hands them over to the
-//! second's forward socket (`driver/forward.rs`): SEND, RDMA WRITE and READ between the two go
-//! on with no loss to recover from. Without the hand-over they were dropped until the steering
-//! was read again, which this program (it also steers the probes) never lets happen.
+//! Two contexts on one address (127.0.0.1) while the group's steering is wrong and cannot be
+//! repaired: a program that sends every datagram, probes included, to the first context, and a
+//! socket of the test's own in the group that answers no probe (so reading the layout again
+//! fails). Datagrams for the second context reach the first, which hands them over to the
+//! second's forward socket (`driver/forward.rs`): SEND both ways, RDMA WRITE and READ between
+//! the two complete. Without the hand-over every datagram for the second context is lost and
+//! its peer's QP ends in RETRY_EXC_ERR. (`shared_steering_repair.rs`: a stale program that can
+//! be repaired is.)
 
-mod verbs_util;
 #[path = "common/netns.rs"]
 mod netns;
+mod verbs_util;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -59,7 +61,6 @@ fn sends(from: &End, to: &End, n: u64) {
     }
     for _ in 0..n {
         let wc = from.wait();
-        if wc.status != WcStatus::Success { eprintln!("DEBUG from {:?}\nDEBUG to {:?}", from.ctx.stats().unwrap(), to.ctx.stats().unwrap()); }
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
         let wc = to.wait();
         assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::Recv));
@@ -82,13 +83,8 @@ fn datagrams_steered_to_the_wrong_context_are_handed_to_their_owner() {
     let addr = Ipv4Addr::new(127, 0, 0, 1);
     let _stale = stale_steering(addr);
     let (sa, sb) = (a.ctx.stats().unwrap(), b.ctx.stats().unwrap());
-    let reg = std::fs::read_dir("/tmp/softrdma-0").unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with("-127.0.0.1")).map(|e| std::fs::read_to_string(e.path()).unwrap()).collect::<Vec<_>>();
-    eprintln!("DEBUG reg {reg:?}");
-    std::thread::spawn({ let ca = a.ctx.clone(); let cb = b.ctx.clone(); move || { std::thread::sleep(std::time::Duration::from_millis(500)); eprintln!("DEBUG a {:?}\nDEBUG b {:?}", ca.stats().unwrap(), cb.stats().unwrap()); }});
     // Everything now reaches `a` (index 0, the first to join): `b`'s share is handed over.
-    eprintln!("DEBUG phase a->b");
     sends(&a, &b, 16);
-    eprintln!("DEBUG phase b->a");
     sends(&b, &a, 16);
     // RDMA WRITE from a into b, then RDMA READ by b of a's memory (responses to b via a).
     let (ma, mb) = (a.mr(65536), b.mr(65536));

@@ -83,8 +83,7 @@ pub(crate) fn datagram_envelope(from: SocketAddr, net: &[u8], data: &[u8], out: 
 /// A kind-2 envelope's source, network header and datagram, if `env` is one. `v4`: the
 /// receiving address is IPv4 (the source is then the IPv4-mapped address's IPv4 one).
 pub(crate) fn parse_datagram(env: &[u8], v4: bool) -> Option<(SocketAddr, &[u8], &[u8])> {
-    if env.len() < DGRAM_HEAD || env[..4] != PROBE_MAGIC.to_be_bytes() || env[6] != KIND_DATAGRAM
-    {
+    if env.len() < DGRAM_HEAD || env[..4] != PROBE_MAGIC.to_be_bytes() || env[6] != KIND_DATAGRAM {
         return None;
     }
     let ip6 = Ipv6Addr::from(<[u8; 16]>::try_from(&env[8..24]).ok()?);
@@ -150,8 +149,14 @@ mod tests {
         assert!(parse(&env).is_none() && super::super::probe::parse(&env).is_none());
         let from6: SocketAddr = "[fd00::5]:4791".parse().unwrap();
         datagram_envelope(from6, &[2; 48], &[], &mut env);
-        assert_eq!(parse_datagram(&env, false).map(|(f, n, _)| (f, n.len())), Some((from6, 48)));
-        assert!(parse_datagram(&env, true).is_none(), "an IPv6 source on an IPv4 address");
+        assert_eq!(
+            parse_datagram(&env, false).map(|(f, n, _)| (f, n.len())),
+            Some((from6, 48))
+        );
+        assert!(
+            parse_datagram(&env, true).is_none(),
+            "an IPv6 source on an IPv4 address"
+        );
         // Truncated: the header claims more than there is.
         assert!(parse_datagram(&env[..40], false).is_none());
     }

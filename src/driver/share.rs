@@ -448,8 +448,9 @@ impl Share {
     }
 
     /// Read the kernel's layout of the group with probes and steer by it (this context got
-    /// traffic for another one). Never waits for the registry lock. Datagrams that reach this
-    /// socket meanwhile are dropped (RC retransmits them).
+    /// traffic for another one). Never waits for the registry lock. Runs on a thread of its own
+    /// (`Io::resync_share_in_background`): datagrams that reach this socket meanwhile are
+    /// served, those for other contexts handed over (`driver::forward`).
     pub fn resync(&self, sock_fd: RawFd) {
         let Ok(_busy) = self.busy.try_lock() else {
             return;
@@ -466,7 +467,7 @@ impl Share {
         let Some(n) = kernel_group_size(self.addr).filter(|n| *n > 0) else {
             return;
         };
-        if let Ok(true) = super::probe::resync(self.addr, n, (sock_fd, self.slot), &mut layout) {
+        if let Ok(true) = super::probe::resync(self.addr, n, &mut layout) {
             let _ = self.publish(sock_fd, &layout);
         }
     }
