@@ -191,12 +191,23 @@ impl RxBatch {
 
     /// Datagram `i` of the last [`RxBatch::recv`]: its bytes, its sender (`None`: a family
     /// other than IPv4 and IPv6, never seen on these sockets) and its IPv6 header fields.
-    pub fn get(&self, i: usize) -> (&[u8], Option<SocketAddr>, RxInfo) {
+    /// The buffer of the last receive, lent out (no copy: a pointer moves) so that its
+    /// datagrams can be read while the engine that owns this batch is changed; give it back
+    /// with [`RxBatch::put_bufs`] before the next receive.
+    pub fn take_bufs(&mut self) -> Box<[u8]> {
+        std::mem::take(&mut self.bufs)
+    }
+
+    pub fn put_bufs(&mut self, bufs: Box<[u8]>) {
+        self.bufs = bufs;
+    }
+
+    /// Datagram `i` of the last receive, in `bufs` (from [`RxBatch::take_bufs`]).
+    pub fn get_in<'b>(&self, bufs: &'b [u8], i: usize) -> (&'b [u8], Option<SocketAddr>, RxInfo) {
         let (off, len, m) = self.dgrams[i];
-        let from = self.from[m as usize].get();
         (
-            &self.bufs[off as usize..][..len as usize],
-            from,
+            &bufs[off as usize..][..len as usize],
+            self.from[m as usize].get(),
             self.info[m as usize],
         )
     }

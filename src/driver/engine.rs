@@ -166,7 +166,20 @@ pub(crate) struct Engine {
     misrouted: u32,
     /// Room for polling the sockets (see [`readable`]).
     pollfds: Vec<libc::pollfd>,
+    /// Datagrams for other contexts, to hand over after the receive burst: (socket, owner's
+    /// slot, envelope); and envelopes' buffers for reuse.
+    handed: Vec<(usize, u8, Vec<u8>)>,
+    handed_spare: Vec<Vec<u8>>,
+    /// When [`Engine::drain_forwarded`] is next due, and its receive buffer.
+    next_fwd_check: Instant,
+    fwd_buf: Vec<u8>,
 }
+
+/// Datagrams handed over per receive burst, at most (beyond: dropped, as the kernel would).
+const MAX_HANDED: usize = 64;
+/// How often a busy engine reads its forward sockets by itself (the progress thread reads them
+/// as soon as something arrives).
+const FWD_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl Engine {
     /// The engine of the endpoint `io` (its addresses, slot and GSO support).
@@ -192,6 +205,10 @@ impl Engine {
             probe_answers: Vec::with_capacity(8),
             misrouted: 0,
             pollfds: Vec::with_capacity(io.fds.len()),
+            handed: Vec::new(),
+            handed_spare: Vec::new(),
+            next_fwd_check: Instant::now(),
+            fwd_buf: Vec::new(),
         })
     }
 
@@ -258,9 +275,11 @@ impl Engine {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
+                let bufs = self.rx.take_bufs();
                 for i in 0..n {
-                    self.on_datagram(i, k, sock.local, mrs, now);
+                    self.on_datagram(&bufs, i, k, sock.local, mrs, now);
                 }
+                self.rx.put_bufs(bufs);
                 received += n;
                 // A datagram or two that emptied the queue is a ping-pong's: answer now rather
                 // than pay a receive that would find nothing. (A stream is read until the queue
@@ -272,6 +291,10 @@ impl Engine {
         }
         for (k, to, a) in self.probe_answers.drain(..) {
             let _ = io.socks[k].socket.send_to(&a, to);
+        }
+        self.send_handed_over(io);
+        if now >= self.next_fwd_check {
+            self.drain_forwarded(io, mrs, now);
         }
         let misrouted = std::mem::take(&mut self.misrouted);
         if misrouted != 0 {
@@ -320,10 +343,19 @@ impl Engine {
         self.dirty = dirty;
     }
 
-    /// Datagram `i` of the last receive batch, from socket `k` (bound to `local`).
-    fn on_datagram(&mut self, i: usize, k: usize, local: SocketAddr, mrs: &MrTable, now: Instant) {
+    /// Datagram `i` of the last receive batch (its buffer `bufs`), from socket `k` (bound to
+    /// `local`).
+    fn on_datagram(
+        &mut self,
+        bufs: &[u8],
+        i: usize,
+        k: usize,
+        local: SocketAddr,
+        mrs: &MrTable,
+        now: Instant,
+    ) {
         self.stats.rx_packets += 1;
-        let (data, from, info) = self.rx.get(i);
+        let (data, from, info) = self.rx.get_in(bufs, i);
         let Some(from) = from else {
             self.stats.rx_malformed += 1;
             return;
@@ -397,6 +429,24 @@ impl Engine {
                 return;
             }
         };
+        self.dispatch(data, from, local, k, net, mrs, now, false);
+    }
+
+    /// A datagram whose ICRC was checked (here, or by the context that handed it over:
+    /// `handed_over`), from `from` to socket `k` (bound to `local`): to the rdma_cm core or to
+    /// its QP; one for another context is handed to it (see [`forward`]).
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &mut self,
+        data: &[u8],
+        from: SocketAddr,
+        local: SocketAddr,
+        k: usize,
+        net: Option<NetHeader>,
+        mrs: &MrTable,
+        now: Instant,
+        handed_over: bool,
+    ) {
         let pkt = match Packet::parse(data) {
             Ok(p) => p,
             Err(_) => {
@@ -406,6 +456,15 @@ impl Engine {
         };
         let qpn = pkt.bth.dest_qpn;
         if qpn == GSI_QPN {
+            // A CM reply for another context (its slot in the comm ID's top byte).
+            let owner = forward::mad_owner(pkt.payload);
+            if let Some(owner) = owner.filter(|o| *o != 0 && *o != self.slot) {
+                if !handed_over {
+                    self.misrouted |= 1 << k.min(31);
+                    self.hand_over(k, owner, from, net, data);
+                }
+                return;
+            }
             // GSI: connection management MADs go to the rdma_cm core, never to an app QP.
             self.stats.rx_gsi += 1;
             self.cma
@@ -415,10 +474,12 @@ impl Engine {
         }
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qp += 1;
-            // Another context's QPN (its slot in the top byte) reached this socket.
+            // Another context's QPN (its slot in the top byte) reached this socket: hand it
+            // over, and have the steering read again.
             let owner = (qpn >> 16) as u8;
-            if owner != 0 && owner != self.slot {
+            if owner != 0 && owner != self.slot && !handed_over {
                 self.misrouted |= 1 << k.min(31);
+                self.hand_over(k, owner, from, net, data);
             }
             return;
         };
@@ -467,6 +528,90 @@ impl Engine {
         if !self.dirty.contains(&qpn) {
             self.dirty.push(qpn);
         }
+    }
+
+    /// Queue `data` (from `from`, network header `net`) for the context with `owner`'s slot,
+    /// sent after the receive burst ([`Engine::send_handed_over`]).
+    fn hand_over(
+        &mut self,
+        k: usize,
+        owner: u8,
+        from: SocketAddr,
+        net: Option<NetHeader>,
+        data: &[u8],
+    ) {
+        if self.handed.len() >= MAX_HANDED {
+            self.stats.tx_dropped += 1;
+            return;
+        }
+        let mut env = self.handed_spare.pop().unwrap_or_default();
+        let hdr = net_header_bytes(from, net.as_ref(), data.len());
+        forward::datagram_envelope(from, &hdr, data, &mut env);
+        self.handed.push((k, owner, env));
+    }
+
+    /// Send the datagrams handed over to other contexts: to the owner's forward socket on the
+    /// address they came to (registry), from the socket they reached (port 4791, which the
+    /// owner checks).
+    fn send_handed_over(&mut self, io: &Io) {
+        for (k, owner, env) in self.handed.drain(..) {
+            match io.forward_to_slot(k, owner) {
+                Some(to) => {
+                    self.stats.tx_forwarded += 1;
+                    let _ = io.socks[k].socket.send_to(&env, to);
+                }
+                None => self.stats.tx_dropped += 1,
+            }
+            if self.handed_spare.len() < MAX_HANDED {
+                self.handed_spare.push(env);
+            }
+        }
+    }
+
+    /// Have the next [`Engine::drive`] read the forward sockets.
+    pub fn force_fwd_check(&mut self) {
+        self.next_fwd_check = Instant::now();
+    }
+
+    /// Read what other contexts handed to this one on its forward sockets (see [`forward`]).
+    /// The engine does it at most every [`FWD_CHECK`] on its own, and whenever the progress
+    /// thread saw a forward socket readable.
+    pub fn drain_forwarded(&mut self, io: &Io, mrs: &MrTable, now: Instant) {
+        self.next_fwd_check = now + FWD_CHECK;
+        let mut buf = std::mem::take(&mut self.fwd_buf);
+        if buf.is_empty() {
+            buf = vec![0u8; 65536];
+        }
+        for (k, sock) in io.socks.iter().enumerate() {
+            let Some(f) = &sock.fwd else { continue };
+            for _ in 0..RX_BURST {
+                let Ok((n, src)) = f.recv_from(&mut buf) else {
+                    break;
+                };
+                // Only a context on this address (its port 4791) hands datagrams over.
+                if src.ip() != sock.local.ip() || src.port() != ROCE_V2_PORT {
+                    self.stats.rx_malformed += 1;
+                    continue;
+                }
+                let env = &buf[..n];
+                if let Some((msrc, mad)) = forward::parse(env) {
+                    self.stats.rx_forwarded += 1;
+                    self.cma
+                        .on_forwarded_mad(now, msrc, gid_from_ip(sock.local.ip()), mad);
+                    self.cma_pending = true;
+                    continue;
+                }
+                let Some((from, hdr, data)) = forward::parse_datagram(env, sock.local.is_ipv4())
+                else {
+                    self.stats.rx_malformed += 1;
+                    continue;
+                };
+                self.stats.rx_forwarded += 1;
+                let net = net_header_from_bytes(hdr);
+                self.dispatch(data, from, sock.local, k, net, mrs, now, true);
+            }
+        }
+        self.fwd_buf = buf;
     }
 
     /// Send everything the QP has to send, and move its completions to the CQs.
@@ -645,4 +790,31 @@ fn v6_header(
     }
     .emit(&mut hdr);
     hdr
+}
+
+/// The network header a datagram from `from` arrived with, as the context that got it rebuilt
+/// it (for a handed-over datagram): IPv4 or IPv6 header, then the UDP header.
+fn net_header_bytes(from: SocketAddr, net: Option<&NetHeader>, len: usize) -> Vec<u8> {
+    let mut h = match net {
+        Some(NetHeader::V4(ip)) => ip.to_vec(),
+        Some(NetHeader::V6(ip)) => ip.to_vec(),
+        None => Vec::new(),
+    };
+    if !h.is_empty() {
+        let udp_len = (UDP_LEN + len) as u16;
+        h.extend_from_slice(&from.port().to_be_bytes());
+        h.extend_from_slice(&ROCE_V2_PORT.to_be_bytes());
+        h.extend_from_slice(&udp_len.to_be_bytes());
+        h.extend_from_slice(&[0, 0]);
+    }
+    h
+}
+
+/// The network header of a handed-over datagram (see [`net_header_bytes`]).
+fn net_header_from_bytes(h: &[u8]) -> Option<NetHeader> {
+    match h.len() {
+        n if n == IPV4_LEN + UDP_LEN => Some(NetHeader::V4(h[..IPV4_LEN].try_into().ok()?)),
+        n if n == IPV6_LEN + UDP_LEN => Some(NetHeader::V6(h[..IPV6_LEN].try_into().ok()?)),
+        _ => None,
+    }
 }

@@ -12,6 +12,21 @@
 //! receiving socket's own address, which only contexts of the same user hold (a reuseport
 //! group admits one user's sockets), and its MAD is handled as one from its source; the
 //! forwarder checked the packet's ICRC.
+//!
+//! **Misrouted datagrams.** While the group's steering is stale (a context left or died and
+//! the program was not yet replaced), the kernel gives a context datagrams for another one: a
+//! QPN whose top byte is another context's slot, a CM reply whose comm ID is. The context that
+//! gets one hands it over at once to the owner's *forward socket* (an ephemeral port on the same
+//! address, recorded in the registry with its slot, so reaching it needs no reuseport index,
+//! the very thing that is stale), in a kind-2 envelope: the 8-byte head (index 0, kind 2), the
+//! datagram's source address (16 bytes, IPv4-mapped for IPv4) and port (u16), the length of the
+//! network header that follows (u8) and a zero byte, that header as the receiver rebuilt it
+//! (IPv4 + UDP: 28 bytes, its IP ID recovered by the ICRC check; IPv6 + UDP: 48), then the
+//! datagram. The owner takes it from port 4791 of its own address only, checks nothing again
+//! (the forwarder checked the ICRC) and handles it as if the kernel had steered it right; a
+//! handed-over datagram is never handed on.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::cm::mad::MAD_LEN;
 use crate::cm::manager::MadAddr;
@@ -19,6 +34,9 @@ use crate::cm::manager::MadAddr;
 use super::probe::PROBE_MAGIC;
 
 const KIND_MAD: u8 = 1;
+const KIND_DATAGRAM: u8 = 2;
+/// The kind-2 envelope's head: 8 + 16 + 2 + 2 bytes, then the network header and the datagram.
+const DGRAM_HEAD: usize = 28;
 /// The envelope's length.
 pub(crate) const FORWARD_LEN: usize = 8 + 16 + 4 + MAD_LEN;
 
@@ -44,6 +62,58 @@ pub(crate) fn parse(data: &[u8]) -> Option<(MadAddr, &[u8])> {
     Some((MadAddr { gid, qpn }, &data[28..]))
 }
 
+/// The kind-2 envelope of `data`, which came from `from` with the network header `net`
+/// (as the receiver rebuilt it), into `out` (cleared first).
+pub(crate) fn datagram_envelope(from: SocketAddr, net: &[u8], data: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&PROBE_MAGIC.to_be_bytes());
+    out.extend_from_slice(&[0, 0, KIND_DATAGRAM, 0]);
+    let ip = match from.ip() {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    };
+    out.extend_from_slice(&ip.octets());
+    out.extend_from_slice(&from.port().to_be_bytes());
+    out.push(net.len() as u8);
+    out.push(0);
+    out.extend_from_slice(net);
+    out.extend_from_slice(data);
+}
+
+/// A kind-2 envelope's source, network header and datagram, if `env` is one. `v4`: the
+/// receiving address is IPv4 (the source is then the IPv4-mapped address's IPv4 one).
+pub(crate) fn parse_datagram(env: &[u8], v4: bool) -> Option<(SocketAddr, &[u8], &[u8])> {
+    if env.len() < DGRAM_HEAD || env[..4] != PROBE_MAGIC.to_be_bytes() || env[6] != KIND_DATAGRAM {
+        return None;
+    }
+    let ip6 = Ipv6Addr::from(<[u8; 16]>::try_from(&env[8..24]).ok()?);
+    let ip = match (v4, ip6.to_ipv4_mapped()) {
+        (true, Some(a)) => IpAddr::V4(a),
+        (false, _) => IpAddr::V6(ip6),
+        (true, None) => return None,
+    };
+    let port = u16::from_be_bytes([env[24], env[25]]);
+    let hlen = env[26] as usize;
+    let net = env.get(DGRAM_HEAD..DGRAM_HEAD + hlen)?;
+    let data = &env[DGRAM_HEAD + hlen..];
+    Some((SocketAddr::new(ip, port), net, data))
+}
+
+/// The slot of the context a CM MAD is for, as the steering program reads it (see
+/// [`super::steer`]): the top byte of the SIDR_REP's request ID, of the remote comm ID of
+/// every other message but REQ and SIDR_REQ (which go by their Service ID: `None`).
+pub(crate) fn mad_owner(mad: &[u8]) -> Option<u8> {
+    const ATTR_REQ: u16 = 0x0010;
+    const ATTR_SIDR_REQ: u16 = 0x0017;
+    const ATTR_SIDR_REP: u16 = 0x0018;
+    let attr = u16::from_be_bytes([*mad.get(16)?, *mad.get(17)?]);
+    match attr {
+        ATTR_REQ | ATTR_SIDR_REQ => None,
+        ATTR_SIDR_REP => mad.get(24).copied(),
+        _ => mad.get(28).copied(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +136,42 @@ mod tests {
         let mut bad = e;
         bad[6] = 0;
         assert!(parse(&bad).is_none());
+    }
+
+    #[test]
+    fn datagram_envelope_round_trips() {
+        let mut env = Vec::new();
+        let from: SocketAddr = "10.1.2.3:49152".parse().unwrap();
+        datagram_envelope(from, &[1; 28], &[9, 8, 7], &mut env);
+        let (f, net, data) = parse_datagram(&env, true).expect("an envelope");
+        assert_eq!((f, net, data), (from, &[1u8; 28][..], &[9u8, 8, 7][..]));
+        assert!(parse_datagram(&env, false).is_some_and(|(f, ..)| f.is_ipv6()));
+        assert!(parse(&env).is_none() && super::super::probe::parse(&env).is_none());
+        let from6: SocketAddr = "[fd00::5]:4791".parse().unwrap();
+        datagram_envelope(from6, &[2; 48], &[], &mut env);
+        assert_eq!(
+            parse_datagram(&env, false).map(|(f, n, _)| (f, n.len())),
+            Some((from6, 48))
+        );
+        assert!(
+            parse_datagram(&env, true).is_none(),
+            "an IPv6 source on an IPv4 address"
+        );
+        // Truncated: the header claims more than there is.
+        assert!(parse_datagram(&env[..40], false).is_none());
+    }
+
+    #[test]
+    fn mad_owner_reads_what_the_steering_reads() {
+        let mut mad = [0u8; MAD_LEN];
+        mad[16..18].copy_from_slice(&0x0013u16.to_be_bytes()); // REP
+        mad[28] = 7;
+        assert_eq!(mad_owner(&mad), Some(7));
+        mad[16..18].copy_from_slice(&0x0018u16.to_be_bytes()); // SIDR_REP
+        mad[24] = 9;
+        assert_eq!(mad_owner(&mad), Some(9));
+        mad[16..18].copy_from_slice(&0x0010u16.to_be_bytes()); // REQ
+        assert_eq!(mad_owner(&mad), None);
+        assert_eq!(mad_owner(&mad[..10]), None);
     }
 }

@@ -13,7 +13,6 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use super::share::Layout;
@@ -54,15 +53,12 @@ fn probe(index: u16, nonce: u64) -> [u8; PROBE_LEN] {
 }
 
 /// Read the group of `addr` (port 4791; `n` sockets) with probes and set every member's index in
-/// `layout` to what the kernel has. `own` is the caller's socket in the group, whose probe
-/// is answered here (its engine may not run meanwhile). Returns false, leaving `layout` alone, unless every
-/// index answered with a slot the registry knows, each once.
-pub(crate) fn resync(
-    addr: SocketAddr,
-    n: usize,
-    own: (RawFd, u8),
-    layout: &mut Layout,
-) -> io::Result<bool> {
+/// `layout` to what the kernel has. Every context's engine answers the probe that reaches it,
+/// the caller's own too (it runs on a thread of its own, see `Io::resync_share_in_background`;
+/// nothing here reads the caller's socket, where datagrams of its QPs wait). Returns false,
+/// leaving `layout` alone, unless every index answered with a slot the registry knows, each
+/// once (one silent index is taken to be the one member that did not answer).
+pub(crate) fn resync(addr: SocketAddr, n: usize, layout: &mut Layout) -> io::Result<bool> {
     let mut from = addr;
     from.set_port(0);
     let s = UdpSocket::bind(from)?;
@@ -89,34 +85,6 @@ pub(crate) fn resync(
                 let i = u16::from_be_bytes([b[4], b[5]]) as usize;
                 if let Some(f) = found.get_mut(i) {
                     *f = Some(b[6]);
-                }
-            }
-        }
-        {
-            let (fd, slot) = own;
-            // Our own probe, if it is at the head of our socket's queue (anything else there
-            // is left for the engine).
-            let recv = |flags, b: &mut [u8; 64]| {
-                // SAFETY: recv into a live buffer of ours.
-                unsafe {
-                    libc::recv(
-                        fd,
-                        b.as_mut_ptr() as *mut libc::c_void,
-                        b.len(),
-                        libc::MSG_DONTWAIT | flags,
-                    )
-                }
-            };
-            let len = recv(libc::MSG_PEEK, &mut buf);
-            if len > 0 {
-                if let Some((i, nc)) = parse(&buf[..len as usize]) {
-                    recv(0, &mut buf);
-                    idle = false;
-                    if nc == nonce {
-                        if let Some(f) = found.get_mut(i as usize) {
-                            *f = Some(slot);
-                        }
-                    }
                 }
             }
         }

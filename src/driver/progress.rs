@@ -41,7 +41,7 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
         }
         let misrouted = io.misrouted.swap(0, std::sync::atomic::Ordering::AcqRel);
         if misrouted != 0 {
-            io.resync_share(misrouted);
+            io.resync_share_in_background(misrouted);
         }
         if last_check.elapsed() >= SHARE_CHECK {
             last_check = Instant::now();
@@ -87,6 +87,7 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
         fds.extend(
             std::iter::once(io.wake_fd())
                 .chain(io.fds.iter().copied())
+                .chain(io.fwd_fds.iter().copied())
                 .map(|fd| libc::pollfd {
                     fd,
                     events: libc::POLLIN,
@@ -104,7 +105,9 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
         if fds[0].revents != 0 {
             io.drain_wake();
         }
-        let datagram = fds[1..].iter().any(|p| p.revents != 0);
+        let n = io.fds.len();
+        let datagram = fds[1..=n].iter().any(|p| p.revents != 0);
+        let handed_over = fds[n + 1..].iter().any(|p| p.revents != 0);
         match shared.upgrade() {
             Some(s) => {
                 if s.app_polling(POLL_WINDOW) {
@@ -113,14 +116,18 @@ fn run(shared: Weak<Shared>, io: Arc<Io>) {
                     continue;
                 }
                 s.woke();
-                s.drive();
+                if handed_over {
+                    s.drive_forwarded();
+                } else {
+                    s.drive();
+                }
                 if datagram {
                     // A datagram woke us: more tend to follow within microseconds (the next
                     // READ of a ping-pong, the rest of a window), and a thread wake-up costs
                     // tens of µs here. Keep looking for a short while before sleeping again.
                     let mut last = Instant::now();
                     while last.elapsed() < SPIN && !io.stopped() && !s.app_polling(POLL_WINDOW) {
-                        if readable(&mut fds[1..]) {
+                        if readable(&mut fds[1..=n]) {
                             s.drive();
                             last = Instant::now();
                         } else {

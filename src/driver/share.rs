@@ -74,6 +74,9 @@ pub(crate) struct Member {
     pub index: u32,
     /// rdma_cm ports it listens on (REQ and SIDR_REQ go there).
     pub ports: Vec<u16>,
+    /// The UDP port of its forward socket on the address (0: none): datagrams for it that reach
+    /// another context are handed over there (`driver::forward`).
+    pub fwd: u16,
 }
 
 /// The registry's contents: the members in the kernel's array order is `index`.
@@ -105,9 +108,21 @@ impl Layout {
             ) else {
                 continue;
             };
-            let ports = f.filter_map(|p| p.parse().ok()).collect();
+            let mut fwd = 0;
+            let mut ports = Vec::new();
+            for t in f {
+                match t.strip_prefix('f') {
+                    Some(v) => fwd = v.parse().unwrap_or(0),
+                    None => ports.extend(t.parse::<u16>().ok()),
+                }
+            }
             if slot != 0 {
-                members.push(Member { slot, index, ports });
+                members.push(Member {
+                    slot,
+                    index,
+                    ports,
+                    fwd,
+                });
             }
         }
         Layout { members, next_slot }
@@ -122,6 +137,9 @@ impl Layout {
             s.push_str(&format!("m {} {}", m.slot, m.index));
             for p in &m.ports {
                 s.push_str(&format!(" {p}"));
+            }
+            if m.fwd != 0 {
+                s.push_str(&format!(" f{}", m.fwd));
             }
             s.push('\n');
         }
@@ -164,7 +182,12 @@ pub(crate) struct Share {
     /// keep two threads of one context (two `listen`s, or a `listen` and the progress
     /// thread's check) from changing the registry at once and losing one's change.
     busy: std::sync::Mutex<()>,
+    /// The registry as last read for [`Share::fwd_port_of`].
+    fwd_cache: std::sync::Mutex<Option<(Instant, Layout)>>,
 }
+
+/// How long [`Share::fwd_port_of`] trusts the registry it read.
+const FWD_CACHE: Duration = Duration::from_millis(100);
 
 /// Byte-range lock request on `slot`'s byte.
 fn slot_lock(kind: libc::c_short, slot: u8) -> libc::flock {
@@ -425,8 +448,9 @@ impl Share {
     }
 
     /// Read the kernel's layout of the group with probes and steer by it (this context got
-    /// traffic for another one). Never waits for the registry lock. Datagrams that reach this
-    /// socket meanwhile are dropped (RC retransmits them).
+    /// traffic for another one). Never waits for the registry lock. Runs on a thread of its own
+    /// (`Io::resync_share_in_background`): datagrams that reach this socket meanwhile are
+    /// served, those for other contexts handed over (`driver::forward`).
     pub fn resync(&self, sock_fd: RawFd) {
         let Ok(_busy) = self.busy.try_lock() else {
             return;
@@ -443,9 +467,28 @@ impl Share {
         let Some(n) = kernel_group_size(self.addr).filter(|n| *n > 0) else {
             return;
         };
-        if let Ok(true) = super::probe::resync(self.addr, n, (sock_fd, self.slot), &mut layout) {
+        if let Ok(true) = super::probe::resync(self.addr, n, &mut layout) {
             let _ = self.publish(sock_fd, &layout);
         }
+    }
+
+    /// The forward port of the context with `slot` on this address (see `driver::forward`),
+    /// from the registry as read at most [`FWD_CACHE`] ago (read again when `slot` is not in
+    /// it: a context that just joined).
+    pub fn fwd_port_of(&self, slot: u8) -> Option<u16> {
+        let mut c = self.fwd_cache.lock().unwrap_or_else(|p| p.into_inner());
+        let find = |l: &Layout| l.members.iter().find(|m| m.slot == slot).map(|m| m.fwd);
+        if let Some((at, l)) = c.as_ref() {
+            if at.elapsed() < FWD_CACHE {
+                if let Some(f) = find(l) {
+                    return (f != 0).then_some(f);
+                }
+            }
+        }
+        let l = read_layout(&self.data).ok()?;
+        let f = find(&l);
+        *c = Some((Instant::now(), l));
+        f.filter(|f| *f != 0)
     }
 
     /// The reuseport index of another member that listens on rdma_cm `port` now, read from the
@@ -549,6 +592,7 @@ mod tests {
             slot,
             index,
             ports: vec![],
+            fwd: 0,
         }
     }
 
@@ -576,6 +620,7 @@ mod tests {
                     slot: 7,
                     index: 0,
                     ports: vec![7174, 18515],
+                    fwd: 40123,
                 },
                 m(200, 1),
             ],
@@ -583,6 +628,7 @@ mod tests {
         assert_eq!(Layout::parse(&l.render()), l);
         assert_eq!(l.port_owner(18515), Some(7));
         assert_eq!(l.port_owner(1), None);
+        assert!(l.render().contains("m 7 0 7174 18515 f40123\n"));
         // Garbage lines are skipped.
         assert_eq!(Layout::parse("m x y\nm 0 1\nzz\n").members, vec![]);
     }

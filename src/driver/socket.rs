@@ -22,6 +22,9 @@ pub(crate) struct Sock {
     /// Its place among the contexts sharing its address; `None` when sharing could not be set
     /// up (the address is then this endpoint's alone).
     share: Option<Share>,
+    /// Where other contexts on the address hand over datagrams meant for this one that the
+    /// kernel gave them (`driver::forward`): the address, an ephemeral port.
+    pub fwd: Option<UdpSocket>,
 }
 
 pub(crate) struct Io {
@@ -29,6 +32,8 @@ pub(crate) struct Io {
     pub socks: Vec<Sock>,
     /// The sockets' fds, in the same order (for batched sends).
     pub fds: Vec<RawFd>,
+    /// The forward sockets' fds (see [`Sock::fwd`]), for the progress thread to wait on.
+    pub fwd_fds: Vec<RawFd>,
     /// The GID table: which local address (socket) each GID index is.
     pub gids: GidTable,
     /// Every socket takes `UDP_SEGMENT`: runs of packets go out as GSO messages.
@@ -41,6 +46,8 @@ pub(crate) struct Io {
     /// `resync_share`).
     pub misrouted: AtomicU32,
     last_resync: std::sync::Mutex<Option<std::time::Instant>>,
+    /// A resync runs ([`Io::resync_share_in_background`]).
+    resyncing: AtomicBool,
 }
 
 /// Shortest time between two resyncs of the shared address's layout.
@@ -53,8 +60,9 @@ const IPV6_AUTOFLOWLABEL: libc::c_int = 70;
 /// ICRC covers the packet), which a UDP socket otherwise drops.
 const UDP_NO_CHECK6_RX: libc::c_int = 102;
 
-/// A bound socket, its address and its place in the address's group (if shared).
-type Bound = (Socket, SocketAddr, Option<Share>);
+/// A bound socket, its address, its place in the address's group (if shared) and its forward
+/// socket.
+type Bound = (Socket, SocketAddr, Option<Share>, Option<UdpSocket>);
 
 /// A socket to bind, before binding.
 struct Pending {
@@ -63,6 +71,8 @@ struct Pending {
     /// `None`: no registry (an unwritable temporary directory, say): bind alone.
     reg: Option<std::fs::File>,
     required: bool,
+    /// The forward socket of a shared address.
+    fwd: Option<UdpSocket>,
 }
 
 impl Io {
@@ -108,11 +118,13 @@ impl Io {
             let reg = Share::open_registry(at).ok();
             let socket = new_socket(at, reg.as_ref().map(|r| r.as_raw_fd()))?;
             let shared = reg.is_some() && socket.set_reuse_port(true).is_ok();
+            let fwd = if shared { forward_socket(at) } else { None };
             pending.push(Pending {
                 socket,
                 at,
                 reg: if shared { reg } else { None },
                 required,
+                fwd,
             });
         }
         // Every shared address is joined at once, with one slot.
@@ -128,6 +140,11 @@ impl Io {
                     sock_fd: s.as_raw_fd(),
                     bind: Box::new(move || s.bind(&at.into())),
                     required: p.required,
+                    fwd: p
+                        .fwd
+                        .as_ref()
+                        .and_then(|f| f.local_addr().ok())
+                        .map_or(0, |a| a.port()),
                 })
             })
             .collect();
@@ -147,7 +164,10 @@ impl Io {
                 None => p.socket.bind(&p.at.into()).map(|_| None),
             };
             match r {
-                Ok(share) => out.push((p.socket, p.at, share)),
+                Ok(share) => {
+                    let fwd = p.fwd.filter(|_| share.is_some());
+                    out.push((p.socket, p.at, share, fwd))
+                }
                 Err(e) if p.required => return Err(e),
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -173,6 +193,25 @@ impl Io {
             if let Some(share) = &s.share {
                 share.check(s.socket.as_raw_fd());
             }
+        }
+    }
+
+    /// [`Io::resync_share`] on a thread of its own: the probes' answers take up to 200 ms, and
+    /// the progress thread must go on serving the datagrams that meanwhile reach this context
+    /// (its own and those it hands over, see `driver::forward`). One at a time.
+    pub fn resync_share_in_background(self: &std::sync::Arc<Self>, mask: u32) {
+        if self.resyncing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let io = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("softrdma-resync".into())
+            .spawn(move || {
+                io.resync_share(mask);
+                io.resyncing.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.resyncing.store(false, Ordering::Release);
         }
     }
 
@@ -240,10 +279,20 @@ impl Io {
         Some((k, s.local, u16::try_from(index).ok()?))
     }
 
+    /// Where to hand a datagram for the context with `slot` that reached socket `k`: that
+    /// context's forward socket on the same address.
+    pub fn forward_to_slot(&self, k: usize, slot: u8) -> Option<SocketAddr> {
+        let s = self.socks.get(k)?;
+        let port = s.share.as_ref()?.fwd_port_of(slot)?;
+        let mut a = s.local;
+        a.set_port(port);
+        Some(a)
+    }
+
     fn finish(bound: Vec<Bound>, slot: u8) -> io::Result<Io> {
         let mut socks = Vec::with_capacity(bound.len());
         let mut gso = true;
-        for (s, local, share) in bound {
+        for (s, local, share, fwd) in bound {
             setup(&s, local)?;
             gso &= super::batch::gso_supported(s.as_raw_fd());
             super::batch::enable_gro(s.as_raw_fd());
@@ -251,6 +300,7 @@ impl Io {
                 socket: ManuallyDrop::new(s.into()),
                 local,
                 share,
+                fwd,
             });
         }
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
@@ -263,6 +313,10 @@ impl Io {
         let locals: Vec<SocketAddr> = socks.iter().map(|s| s.local).collect();
         Ok(Io {
             fds: socks.iter().map(|s| s.socket.as_raw_fd()).collect(),
+            fwd_fds: socks
+                .iter()
+                .filter_map(|s| s.fwd.as_ref().map(|f| f.as_raw_fd()))
+                .collect(),
             gids: GidTable::new(&locals),
             socks,
             gso,
@@ -271,6 +325,7 @@ impl Io {
             stop: AtomicBool::new(false),
             misrouted: AtomicU32::new(0),
             last_resync: std::sync::Mutex::new(None),
+            resyncing: AtomicBool::new(false),
         })
     }
 
@@ -352,6 +407,16 @@ fn setup(s: &Socket, local: SocketAddr) -> io::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The forward socket of the shared address `at`: the same address, an ephemeral port,
+/// non-blocking. `None` if it cannot be had (the address is then shared without it).
+fn forward_socket(at: SocketAddr) -> Option<UdpSocket> {
+    let mut a = at;
+    a.set_port(0);
+    let s = UdpSocket::bind(a).ok()?;
+    s.set_nonblocking(true).ok()?;
+    Some(s)
 }
 
 /// A UDP socket for `at`, its fd above `above` when given (see [`Share::open_registry`]).

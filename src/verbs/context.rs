@@ -78,6 +78,19 @@ impl Shared {
         self.kick_if_earlier(e.next_deadline());
     }
 
+    /// Drive once, reading the forward sockets too (something arrived on one: see
+    /// `driver::forward`).
+    pub(crate) fn drive_forwarded(&self) {
+        if super::mr::guards_held() {
+            self.io.wake();
+            return;
+        }
+        let mut e = self.lock_engine();
+        e.force_fwd_check();
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        self.kick_if_earlier(e.next_deadline());
+    }
+
     /// Drive once unless another thread is driving already (the busy-poll path).
     pub(crate) fn try_drive(&self) {
         if super::mr::guards_held() {

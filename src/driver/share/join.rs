@@ -24,6 +24,8 @@ pub(crate) struct Joiner<'a> {
     pub bind: Box<dyn FnOnce() -> io::Result<()> + 'a>,
     /// If it cannot bind, nothing is joined (else the address is left out).
     pub required: bool,
+    /// The port of the context's forward socket on the address (0: none).
+    pub fwd: u16,
 }
 
 /// Take `slot`'s lock in every registry, or in none.
@@ -57,7 +59,9 @@ impl Share {
         let mut fds = Vec::with_capacity(n);
         let mut binds = Vec::with_capacity(n);
         let mut required = Vec::with_capacity(n);
+        let mut fwds = Vec::with_capacity(n);
         for j in joiners {
+            fwds.push(j.fwd);
             debug_assert!(j.sock_fd > j.reg.as_raw_fd());
             addrs.push(j.addr);
             regs.push(j.reg);
@@ -121,6 +125,7 @@ impl Share {
                 slot,
                 index: l.members.len() as u32,
                 ports: Vec::new(),
+                fwd: fwds[i],
             });
             if let Err(e) = write_layout(&datas[i], l).and_then(|_| attach(fds[i], l)) {
                 // The socket is in the kernel's group but not in the registry: the caller
@@ -142,6 +147,7 @@ impl Share {
                         reg,
                         data,
                         busy: std::sync::Mutex::new(()),
+                        fwd_cache: std::sync::Mutex::new(None),
                     })
                 }
                 // Dropping `reg` gives the slot's lock in that registry back.
