@@ -45,8 +45,8 @@ use crate::transport::modify::{
     ACCESS, AV, CUR_STATE, DEST_QPN, PATH_MTU, PKEY, PORT, RQ_PSN, SQ_PSN,
 };
 use crate::transport::rc::{
-    check_send_lists, complete, flush_recv, Cq, PostError, QpError, ReqEvent, ReqParams, Requester,
-    SendEntry, MAX_MSG_LEN,
+    check_post_recv, check_send_wqe, complete, flush_recv, Cq, PostError, QpError, ReqEvent,
+    ReqParams, Requester, SendEntry,
 };
 use crate::transport::srq::Srq;
 use crate::transport::types::*;
@@ -582,11 +582,7 @@ impl UcQp {
         ) {
             return Err(PostError::UnsupportedOp);
         }
-        check_send_lists(&wqe, &self.caps)?;
-        let len = wqe.length();
-        if len > MAX_MSG_LEN {
-            return Err(PostError::MessageTooLong(len));
-        }
+        check_send_wqe(&wqe, &self.caps)?;
         if self.req.sq.len() + self.cq.send_pending >= self.caps.max_send_wr as usize {
             return Err(PostError::QueueFull);
         }
@@ -604,23 +600,9 @@ impl UcQp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
-        if self.srq {
-            return Err(PostError::HasSrq);
-        }
-        if self.state == QpState::Reset {
-            return Err(PostError::InvalidState(self.state));
-        }
-        if wqe.sg_list.len() > self.caps.max_recv_sge as usize {
-            return Err(PostError::TooManySge {
-                got: wqe.sg_list.len(),
-                max: self.caps.max_recv_sge,
-            });
-        }
         // A WQE taken by a message in progress still occupies its slot.
-        let held = self.rx.wqe.is_some() as usize;
-        if self.rx.rq.len() + held + self.cq.recv_pending >= self.caps.max_recv_wr as usize {
-            return Err(PostError::QueueFull);
-        }
+        let held = self.rx.rq.len() + self.rx.wqe.is_some() as usize + self.cq.recv_pending;
+        check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
         if self.state == QpState::Err {
             let c = flush_recv(wqe.wr_id, self.dest_qpn());
             self.cq.push(c);

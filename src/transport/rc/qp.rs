@@ -483,11 +483,7 @@ impl RcQp {
         if wqe.flags.inline && rd_atomic {
             return Err(PostError::UnsupportedOp);
         }
-        check_send_lists(&wqe, &self.caps)?;
-        let len = wqe.length();
-        if len > MAX_MSG_LEN {
-            return Err(PostError::MessageTooLong(len));
-        }
+        let len = check_send_wqe(&wqe, &self.caps)?;
         if matches!(wqe.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8 {
             return Err(PostError::BadAtomicLength);
         }
@@ -510,23 +506,9 @@ impl RcQp {
     }
 
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
-        if self.srq {
-            return Err(PostError::HasSrq);
-        }
-        if self.state == QpState::Reset {
-            return Err(PostError::InvalidState(self.state));
-        }
-        if wqe.sg_list.len() > self.caps.max_recv_sge as usize {
-            return Err(PostError::TooManySge {
-                got: wqe.sg_list.len(),
-                max: self.caps.max_recv_sge,
-            });
-        }
         // A WQE taken by a message in progress still occupies its slot.
-        let held = self.resp.wqe.is_some() as usize;
-        if self.resp.rq.len() + held + self.cq.recv_pending >= self.caps.max_recv_wr as usize {
-            return Err(PostError::QueueFull);
-        }
+        let held = self.resp.rq.len() + self.resp.wqe.is_some() as usize + self.cq.recv_pending;
+        check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
         if self.state == QpState::Err {
             self.push_completion(flush_recv(wqe.wr_id, self.attr.dest_qp_num.unwrap_or(0)));
             return Ok(());
@@ -920,6 +902,45 @@ pub(crate) fn check_send_lists(wqe: &SendWqe, caps: &QpCaps) -> Result<(), PostE
             got: wqe.sg_list.len(),
             max: caps.max_send_sge,
         });
+    }
+    Ok(())
+}
+
+/// A connected QP's send WR (RC and UC): its lists against the caps and its length against
+/// [`MAX_MSG_LEN`]. Returns the length.
+pub(crate) fn check_send_wqe(wqe: &SendWqe, caps: &QpCaps) -> Result<u64, PostError> {
+    check_send_lists(wqe, caps)?;
+    let len = wqe.length();
+    if len > MAX_MSG_LEN {
+        return Err(PostError::MessageTooLong(len));
+    }
+    Ok(len)
+}
+
+/// The checks `ibv_post_recv` makes on a connected QP (RC and UC): no SRQ, not in RESET, the
+/// SGE count, and room: `held` WQEs are taken already (queued, held by a message in progress, or
+/// completed and not yet polled).
+pub(crate) fn check_post_recv(
+    wqe: &RecvWqe,
+    caps: &QpCaps,
+    srq: bool,
+    state: QpState,
+    held: usize,
+) -> Result<(), PostError> {
+    if srq {
+        return Err(PostError::HasSrq);
+    }
+    if state == QpState::Reset {
+        return Err(PostError::InvalidState(state));
+    }
+    if wqe.sg_list.len() > caps.max_recv_sge as usize {
+        return Err(PostError::TooManySge {
+            got: wqe.sg_list.len(),
+            max: caps.max_recv_sge,
+        });
+    }
+    if held >= caps.max_recv_wr as usize {
+        return Err(PostError::QueueFull);
     }
     Ok(())
 }
