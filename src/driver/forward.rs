@@ -22,7 +22,9 @@
 //! datagram's source address (16 bytes, IPv4-mapped for IPv4) and port (u16), the length of the
 //! network header that follows (u8) and a zero byte, that header as the receiver rebuilt it
 //! (IPv4 + UDP: 28 bytes, its IP ID recovered by the ICRC check; IPv6 + UDP: 48), then the
-//! datagram. The owner takes it from port 4791 of its own address only, checks nothing again
+//! datagram. The owner takes it from port 4791 of its own address only (another host cannot send
+//! from the host's own address: Linux drops such a "martian" source unless `accept_local` is
+//! set; on this host only this user's contexts hold that port), checks nothing again
 //! (the forwarder checked the ICRC) and handles it as if the kernel had steered it right; a
 //! handed-over datagram is never handed on.
 
