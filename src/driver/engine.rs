@@ -361,16 +361,6 @@ impl Engine {
             return;
         };
         let n = data.len();
-        // A CM MAD handed over by another context on this address (`driver::forward`).
-        if let Some((src, mad)) = forward::parse(data) {
-            if from.ip() == local.ip() && from.port() == ROCE_V2_PORT {
-                self.stats.rx_forwarded += 1;
-                self.cma
-                    .on_forwarded_mad(now, src, gid_from_ip(local.ip()), mad);
-                self.cma_pending = true;
-            }
-            return;
-        }
         // A probe of the shared address's layout (`driver::probe`), from a context on it.
         if let Some((index, nonce)) = probe::parse(data) {
             if from.ip() == local.ip() && self.probe_answers.len() < self.probe_answers.capacity() {
@@ -704,11 +694,11 @@ impl Engine {
         let out = self.cma.forward_unclaimed(now, |port, local, src| {
             io.forward_target(port, local.map(|g| gid_to_ip(&g)), gid_to_ip(&src.gid))
         });
-        for ((k, to, index), src, mad) in out {
+        for ((k, to), src, mad) in out {
             self.stats.tx_forwarded += 1;
             let _ = io.socks[k]
                 .socket
-                .send_to(&forward::envelope(index, &src, &mad), to);
+                .send_to(&forward::envelope(&src, &mad), to);
         }
     }
 

@@ -1,32 +1,32 @@
-//! Handing a CM MAD to another context on the same shared address (see [`super::share`]).
+//! Handing datagrams to another context on the same shared address (see [`super::share`]).
 //!
-//! A REQ for an rdma_cm port nobody listens on reaches whichever context the kernel's hash
-//! picks. If another process starts listening on that port while the REQ waits
-//! (`cm/manager/unclaimed.rs`), the context holding it sends it on, in this envelope, to the
-//! listener's socket: the steering program sends a datagram that starts with the probe's magic
-//! to the index it names, as it does probes ([`super::probe`]).
+//! Every context has a *forward socket* on each of its shared addresses (an ephemeral port,
+//! recorded with its slot in the registry), so that another context can reach it without the
+//! reuseport group's steering, by its slot alone. Two things go there:
 //!
-//! The envelope is 284 bytes: `ff 'S' 'R' 'P'`, the index (u16, big-endian), the kind (1),
-//! a zero byte, the MAD's source GID (16 bytes) and GSI QPN (u32), then the 256-byte MAD.
-//! A probe is 16 bytes, so the two never mix. An envelope is taken only from port 4791 of the
-//! receiving socket's own address, which only contexts of the same user hold (a reuseport
-//! group admits one user's sockets), and its MAD is handled as one from its source; the
-//! forwarder checked the packet's ICRC.
+//! * **A REQ nobody listened for yet.** It reaches whichever context the kernel's hash picks;
+//!   if another process starts listening on its rdma_cm port while it waits
+//!   (`cm/manager/unclaimed.rs`), the context holding it sends it on to the listener, in a
+//!   kind-1 envelope: 284 bytes, `ff 'S' 'R' 'P'`, two zero bytes, the kind (1), a zero byte, the
+//!   MAD's source GID (16 bytes) and GSI QPN (u32), then the 256-byte MAD. The listener handles
+//!   the MAD as one from its source and never hands it on.
+//! * **Misrouted datagrams.** While the group's steering is stale (a context left or died and
+//!   the program was not yet replaced), the kernel gives a context datagrams for another one: a
+//!   QPN whose top byte is another context's slot, a CM reply whose comm ID is. The context that
+//!   gets one hands it over at once to the owner's forward socket (reaching it needs no
+//!   reuseport index, the very thing that is stale), in a kind-2 envelope: the 8-byte head
+//!   (kind 2), the datagram's source address (16 bytes, IPv4-mapped for IPv4) and port (u16),
+//!   the length of the network header that follows (u8) and a zero byte, that header as the
+//!   receiver rebuilt it (IPv4 + UDP: 28 bytes, its IP ID recovered by the ICRC check; IPv6 +
+//!   UDP: 48), then the datagram. The owner handles it as if the kernel had steered it right
+//!   and never hands it on.
 //!
-//! **Misrouted datagrams.** While the group's steering is stale (a context left or died and
-//! the program was not yet replaced), the kernel gives a context datagrams for another one: a
-//! QPN whose top byte is another context's slot, a CM reply whose comm ID is. The context that
-//! gets one hands it over at once to the owner's *forward socket* (an ephemeral port on the same
-//! address, recorded in the registry with its slot, so reaching it needs no reuseport index,
-//! the very thing that is stale), in a kind-2 envelope: the 8-byte head (index 0, kind 2), the
-//! datagram's source address (16 bytes, IPv4-mapped for IPv4) and port (u16), the length of the
-//! network header that follows (u8) and a zero byte, that header as the receiver rebuilt it
-//! (IPv4 + UDP: 28 bytes, its IP ID recovered by the ICRC check; IPv6 + UDP: 48), then the
-//! datagram. The owner takes it from port 4791 of its own address only (another host cannot send
-//! from the host's own address: Linux drops such a "martian" source unless `accept_local` is
-//! set; on this host only this user's contexts hold that port), checks nothing again
-//! (the forwarder checked the ICRC) and handles it as if the kernel had steered it right; a
-//! handed-over datagram is never handed on.
+//! A forward socket takes envelopes from port 4791 of its own address only: on this host only
+//! this user's contexts hold that port (a reuseport group admits one user's sockets), and
+//! another host cannot send from the host's own address (Linux drops such a "martian" source
+//! unless `accept_local` is set). Nothing is checked again: the forwarder checked the ICRC. An
+//! envelope starts as a probe does (`ff 'S' 'R' 'P'`) but is longer than one, so the two never
+//! mix, and no RoCE packet starts with opcode 0xff.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -42,11 +42,10 @@ const DGRAM_HEAD: usize = 28;
 /// The envelope's length.
 pub(crate) const FORWARD_LEN: usize = 8 + 16 + 4 + MAD_LEN;
 
-/// The envelope that sends `mad`, from `src`, to the socket at `index` of the group.
-pub(crate) fn envelope(index: u16, src: &MadAddr, mad: &[u8; MAD_LEN]) -> [u8; FORWARD_LEN] {
+/// The kind-1 envelope of `mad`, from `src`.
+pub(crate) fn envelope(src: &MadAddr, mad: &[u8; MAD_LEN]) -> [u8; FORWARD_LEN] {
     let mut b = [0u8; FORWARD_LEN];
     b[..4].copy_from_slice(&PROBE_MAGIC.to_be_bytes());
-    b[4..6].copy_from_slice(&index.to_be_bytes());
     b[6] = KIND_MAD;
     b[8..24].copy_from_slice(&src.gid);
     b[24..28].copy_from_slice(&src.qpn.to_be_bytes());
@@ -129,8 +128,7 @@ mod tests {
         let mut mad = [0u8; MAD_LEN];
         mad[0] = 1;
         mad[255] = 9;
-        let e = envelope(3, &src, &mad);
-        assert_eq!(u16::from_be_bytes([e[4], e[5]]), 3);
+        let e = envelope(&src, &mad);
         let (s, m) = parse(&e).expect("an envelope");
         assert_eq!((s, m), (src, &mad[..]));
         assert!(super::super::probe::parse(&e).is_none());

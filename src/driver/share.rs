@@ -491,16 +491,14 @@ impl Share {
         f.filter(|f| *f != 0)
     }
 
-    /// The reuseport index of another member that listens on rdma_cm `port` now, read from the
-    /// registry (no lock: a stale answer only sends a handed-over REQ to a context that
-    /// rejects it, as the kernel's hash could have).
-    pub fn listener_index(&self, port: u16) -> Option<u32> {
-        let layout = read_layout(&self.data).ok()?;
-        layout
-            .members
-            .iter()
-            .find(|m| m.slot != self.slot && m.ports.contains(&port))
-            .map(|m| m.index)
+    /// The slot of another member that listens on rdma_cm `port` now, read from the registry
+    /// (no lock: a stale answer only sends a handed-over REQ to a context that rejects it, as
+    /// the kernel's hash could have).
+    pub fn listener_slot(&self, port: u16) -> Option<u8> {
+        read_layout(&self.data)
+            .ok()?
+            .port_owner(port)
+            .filter(|s| *s != self.slot)
     }
 
     /// Change this member's rdma_cm ports under the lock and steer again. Fails with

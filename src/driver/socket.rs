@@ -259,14 +259,14 @@ impl Io {
     }
 
     /// Where to hand a REQ for rdma_cm `port` that came to the address `local` (else to the
-    /// first address of `peer`'s family): the socket `k` on that address, the address, and the
-    /// reuseport index of the context (another process) that listens on the port now.
+    /// first address of `peer`'s family): the socket `k` on that address and the forward socket
+    /// of the context (another process) that listens on the port now.
     pub fn forward_target(
         &self,
         port: u16,
         local: Option<IpAddr>,
         peer: IpAddr,
-    ) -> Option<(usize, SocketAddr, u16)> {
+    ) -> Option<(usize, SocketAddr)> {
         let k = match local {
             Some(ip) => self.socks.iter().position(|s| s.local.ip() == ip)?,
             None => self
@@ -274,9 +274,8 @@ impl Io {
                 .iter()
                 .position(|s| s.local.is_ipv4() == peer.is_ipv4())?,
         };
-        let s = &self.socks[k];
-        let index = s.share.as_ref()?.listener_index(port)?;
-        Some((k, s.local, u16::try_from(index).ok()?))
+        let slot = self.socks[k].share.as_ref()?.listener_slot(port)?;
+        Some((k, self.forward_to_slot(k, slot)?))
     }
 
     /// Where to hand a datagram for the context with `slot` that reached socket `k`: that
