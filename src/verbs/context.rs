@@ -106,7 +106,9 @@ impl Shared {
             Err(std::sync::TryLockError::WouldBlock) => return,
         };
         self.remove_deferred(&mut e);
+        e.app_driving = true;
         e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        e.app_driving = false;
         self.kick_if_earlier(e.next_deadline());
     }
 
