@@ -4,7 +4,8 @@
 //!
 //! `cargo test` builds the examples, but `CARGO_BIN_EXE_*` only exists for `[[bin]]` targets, so
 //! the example binaries are found under `target/<profile>/examples/`, next to the `deps/`
-//! directory that holds this test's executable. Each child is killed after a timeout.
+//! directory that holds this test's executable. Each child is killed after a timeout. When root,
+//! each test's processes run in a network namespace of their own.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -17,6 +18,8 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Run an example with no arguments; returns (success, stdout, stderr).
 fn run(name: &str) -> (bool, String, String) {
+    // A network namespace of its own when root (see `examples_util::private_netns`).
+    examples_util::private_netns();
     let path = example(name);
     let mut child = Command::new(&path)
         .stdin(Stdio::null())
@@ -188,6 +191,10 @@ fn uc_pingpong_server_and_client() {
 /// Run example `name` with `args` as a server and, with 127.0.0.1 added, as a client; both must
 /// succeed and print `bytes` and `iters` as the rdma-core pingpongs do.
 fn pingpong_pair(name: &str, args: &[&str], bytes: usize, iters: usize) {
+    // The pair gets a network namespace of its own when root: the other tests' processes
+    // joining and leaving the shared device cannot disturb it (a UC message that a stale
+    // steering loses is never sent again, and the ping-pong would wait for it for good).
+    examples_util::private_netns();
     // A port of our own, so a concurrent pingpong test cannot take it.
     let port = (20000 + (std::process::id() + bytes as u32) % 20000).to_string();
     let mut args = args.to_vec();
