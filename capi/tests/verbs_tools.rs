@@ -112,7 +112,13 @@ fn pingpong_gid(prog: &str, extra: &[&str], iters: u32, gid: u32) {
         client_out = Some(o);
         break;
     }
-    let client = client_out.expect("the client reached the server");
+    let Some(client) = client_out else {
+        // Show why the server never listened.
+        let mut server = server;
+        let _ = server.kill();
+        let o = server.wait_with_output().expect("server output");
+        panic!("the client never reached the server: {}", text(&o));
+    };
     let server = wait(server, prog, LIMIT);
     for (who, o) in [("server", &server), ("client", &client)] {
         assert!(o.status.success(), "{prog} {who}: {}", text(o));
