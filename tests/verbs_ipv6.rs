@@ -35,46 +35,16 @@ fn v6_ctx() -> Option<Context> {
     Some(ctx)
 }
 
-/// RESET -> INIT -> RTR -> RTS towards `remote_gid`, sent from GID `sgid_index`.
+/// RESET -> INIT -> RTR -> RTS towards `remote`'s QP at `gid`, sent from GID `sgid_index`.
 fn connect(e: &End, sgid_index: u8, local_psn: u32, remote: &End, remote_psn: u32, gid: [u8; 16]) {
-    let qp = &e.qp;
-    qp.modify(&QpAttr {
-        qp_state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port_num: Some(1),
-        qp_access_flags: Some(
-            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
-        ),
-        ..Default::default()
-    })
-    .unwrap();
-    qp.modify(&QpAttr {
-        qp_state: Some(QpState::Rtr),
-        path_mtu: Some(Mtu::Mtu1024),
-        dest_qp_num: Some(remote.qp.qp_num()),
-        rq_psn: Some(remote_psn),
-        max_dest_rd_atomic: Some(16),
-        min_rnr_timer: Some(1),
-        ah_attr: Some(AddressVector {
-            dgid: gid,
-            sgid_index,
-            hop_limit: 64,
-            port_num: 1,
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .unwrap();
-    qp.modify(&QpAttr {
-        qp_state: Some(QpState::Rts),
-        sq_psn: Some(local_psn),
-        timeout: Some(14),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(16),
-        ..Default::default()
-    })
-    .unwrap();
+    verbs_util::connect_from(
+        &e.qp,
+        sgid_index,
+        local_psn,
+        remote.qp.qp_num(),
+        remote_psn,
+        gid,
+    );
 }
 
 /// Two RC QPs on two contexts, connected over `::1`.

@@ -543,23 +543,26 @@ impl CmaCore {
             param.initiator_depth = info.responder_resources;
             param.rnr_retry_count = info.rnr_retry_count;
             param.srq = info.srq;
+            // What the REP settled, for whichever QP the id has.
+            let settled = |qpn| Transition {
+                qpn,
+                peer_gid: st.peer_gid(),
+                sgid_index: st.sgid_index(),
+                remote_qpn: info.remote_qpn,
+                rq_psn: st.rq_psn,
+                sq_psn: info.remote_psn,
+                mtu: st.mtu,
+                max_dest_rd_atomic: st.param.responder_resources,
+                max_rd_atomic: st.param.initiator_depth.min(info.responder_resources),
+                retry_cnt: st.param.retry_count,
+                rnr_retry: info.rnr_retry_count,
+                flow_label: st.flow_label,
+            };
             if let Some(qpn) = st.own_qp {
                 // The program's own QP (librdmacm: no `id->qp`): it moves the QP itself with
                 // what `rdma_init_qp_attr` reports, after CONNECT_RESPONSE.
-                st.settled = Some(Transition {
-                    qpn,
-                    peer_gid: st.peer_gid(),
-                    sgid_index: st.sgid_index(),
-                    remote_qpn: info.remote_qpn,
-                    rq_psn: st.rq_psn,
-                    sq_psn: info.remote_psn,
-                    mtu: st.mtu,
-                    max_dest_rd_atomic: st.param.responder_resources,
-                    max_rd_atomic: st.param.initiator_depth.min(info.responder_resources),
-                    retry_cnt: st.param.retry_count,
-                    rnr_retry: info.rnr_retry_count,
-                    flow_label: st.flow_label,
-                });
+                let t = settled(qpn);
+                st.settled = Some(t);
                 st.phase = Phase::Established;
                 drop(st);
                 push(
@@ -570,20 +573,7 @@ impl CmaCore {
             }
             let ok = match st.qpn {
                 Some(qpn) => {
-                    let t = Transition {
-                        qpn,
-                        peer_gid: st.peer_gid(),
-                        sgid_index: st.sgid_index(),
-                        remote_qpn: info.remote_qpn,
-                        rq_psn: st.rq_psn,
-                        sq_psn: info.remote_psn,
-                        mtu: st.mtu,
-                        max_dest_rd_atomic: st.param.responder_resources,
-                        max_rd_atomic: st.param.initiator_depth.min(info.responder_resources),
-                        retry_cnt: st.param.retry_count,
-                        rnr_retry: info.rnr_retry_count,
-                        flow_label: st.flow_label,
-                    };
+                    let t = settled(qpn);
                     touched.push(qpn);
                     t.run(modify)
                 }

@@ -112,9 +112,21 @@ pub fn sge(mr: &MemoryRegion, off: usize, len: usize) -> Sge {
     }
 }
 
-/// RESET -> INIT -> RTR -> RTS towards a peer.
+/// RESET -> INIT -> RTR -> RTS towards a peer, sent from GID index 0.
 pub fn connect(
     qp: &QueuePair,
+    local_psn: u32,
+    remote_qpn: u32,
+    remote_psn: u32,
+    remote_gid: [u8; 16],
+) {
+    connect_from(qp, 0, local_psn, remote_qpn, remote_psn, remote_gid)
+}
+
+/// RESET -> INIT -> RTR -> RTS towards a peer, sent from GID `sgid_index`.
+pub fn connect_from(
+    qp: &QueuePair,
+    sgid_index: u8,
     local_psn: u32,
     remote_qpn: u32,
     remote_psn: u32,
@@ -139,6 +151,7 @@ pub fn connect(
         min_rnr_timer: Some(1),
         ah_attr: Some(AddressVector {
             dgid: remote_gid,
+            sgid_index,
             hop_limit: 64,
             port_num: 1,
             ..Default::default()

@@ -6,21 +6,16 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The shared object built with the tests: `cargo test` leaves it in `target/<profile>/deps`
-/// (it builds the library only as the tests' dependency), `cargo build` in `target/<profile>`;
-/// the newer of the two, as `softrdma` itself picks it.
+/// The shared object built with the tests, as `softrdma libdir` finds it (the library names
+/// there are symbolic links to it).
 pub fn shared_object() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test>
-    let deps = exe.parent().expect("deps dir");
-    let dir = deps.parent().expect("target dir");
-    let name = "libsoftrdma_capi.so";
-    [dir.join(name), deps.join(name)]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max_by_key(|(modified, _)| *modified)
-        .map(|(_, p)| p)
-        .unwrap_or_else(|| panic!("{name} was not built in {}", dir.display()))
+    let o = Command::new(softrdma())
+        .arg("libdir")
+        .output()
+        .expect("run softrdma libdir");
+    assert!(o.status.success(), "softrdma libdir: {}", text(&o));
+    let dir = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    std::fs::canonicalize(PathBuf::from(dir).join("libibverbs.so.1")).expect("the shared object")
 }
 
 /// The `softrdma` command-line tool.
