@@ -547,8 +547,7 @@ impl Engine {
             return;
         }
         let mut env = self.handed_spare.pop().unwrap_or_default();
-        let hdr = net_header_bytes(from, net.as_ref(), data.len());
-        forward::datagram_envelope(from, &hdr, data, &mut env);
+        forward::datagram_envelope(from, net_header_bytes(net.as_ref()), data, &mut env);
         self.handed.push((k, owner, env));
     }
 
@@ -811,29 +810,21 @@ fn v6_header(
     hdr
 }
 
-/// The network header a datagram from `from` arrived with, as the context that got it rebuilt
-/// it (for a handed-over datagram): IPv4 or IPv6 header, then the UDP header.
-fn net_header_bytes(from: SocketAddr, net: Option<&NetHeader>, len: usize) -> Vec<u8> {
-    let mut h = match net {
-        Some(NetHeader::V4(ip)) => ip.to_vec(),
-        Some(NetHeader::V6(ip)) => ip.to_vec(),
-        None => Vec::new(),
-    };
-    if !h.is_empty() {
-        let udp_len = (UDP_LEN + len) as u16;
-        h.extend_from_slice(&from.port().to_be_bytes());
-        h.extend_from_slice(&ROCE_V2_PORT.to_be_bytes());
-        h.extend_from_slice(&udp_len.to_be_bytes());
-        h.extend_from_slice(&[0, 0]);
+/// The IP header a handed-over datagram arrived with (for a UD GRH), as bytes: 20 (IPv4),
+/// 40 (IPv6) or none.
+fn net_header_bytes(net: Option<&NetHeader>) -> &[u8] {
+    match net {
+        Some(NetHeader::V4(ip)) => ip,
+        Some(NetHeader::V6(ip)) => ip,
+        None => &[],
     }
-    h
 }
 
-/// The network header of a handed-over datagram (see [`net_header_bytes`]).
+/// The IP header of a handed-over datagram (see [`net_header_bytes`]).
 fn net_header_from_bytes(h: &[u8]) -> Option<NetHeader> {
     match h.len() {
-        n if n == IPV4_LEN + UDP_LEN => Some(NetHeader::V4(h[..IPV4_LEN].try_into().ok()?)),
-        n if n == IPV6_LEN + UDP_LEN => Some(NetHeader::V6(h[..IPV6_LEN].try_into().ok()?)),
+        IPV4_LEN => Some(NetHeader::V4(h.try_into().ok()?)),
+        IPV6_LEN => Some(NetHeader::V6(h.try_into().ok()?)),
         _ => None,
     }
 }

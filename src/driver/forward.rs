@@ -16,9 +16,9 @@
 //!   gets one hands it over at once to the owner's forward socket (reaching it needs no
 //!   reuseport index, the very thing that is stale), in a kind-2 envelope: the 8-byte head
 //!   (kind 2), the datagram's source address (16 bytes, IPv4-mapped for IPv4) and port (u16),
-//!   the length of the network header that follows (u8) and a zero byte, that header as the
-//!   receiver rebuilt it (IPv4 + UDP: 28 bytes, its IP ID recovered by the ICRC check; IPv6 +
-//!   UDP: 48), then the datagram. The owner handles it as if the kernel had steered it right
+//!   the length of the IP header that follows (u8) and a zero byte, that header as the
+//!   receiver rebuilt it (IPv4: 20 bytes, its IP ID recovered by the ICRC check; IPv6: 40; the
+//!   UD GRH area shows it), then the datagram. The owner handles it as if the kernel had steered it right
 //!   and never hands it on.
 //!
 //! A forward socket takes envelopes from port 4791 of its own address only: on this host only
@@ -63,7 +63,7 @@ pub(crate) fn parse(data: &[u8]) -> Option<(MadAddr, &[u8])> {
     Some((MadAddr { gid, qpn }, &data[28..]))
 }
 
-/// The kind-2 envelope of `data`, which came from `from` with the network header `net`
+/// The kind-2 envelope of `data`, which came from `from` with the IP header `net`
 /// (as the receiver rebuilt it), into `out` (cleared first).
 pub(crate) fn datagram_envelope(from: SocketAddr, net: &[u8], data: &[u8], out: &mut Vec<u8>) {
     out.clear();
@@ -142,16 +142,16 @@ mod tests {
     fn datagram_envelope_round_trips() {
         let mut env = Vec::new();
         let from: SocketAddr = "10.1.2.3:49152".parse().unwrap();
-        datagram_envelope(from, &[1; 28], &[9, 8, 7], &mut env);
+        datagram_envelope(from, &[1; 20], &[9, 8, 7], &mut env);
         let (f, net, data) = parse_datagram(&env, true).expect("an envelope");
-        assert_eq!((f, net, data), (from, &[1u8; 28][..], &[9u8, 8, 7][..]));
+        assert_eq!((f, net, data), (from, &[1u8; 20][..], &[9u8, 8, 7][..]));
         assert!(parse_datagram(&env, false).is_some_and(|(f, ..)| f.is_ipv6()));
         assert!(parse(&env).is_none() && super::super::probe::parse(&env).is_none());
         let from6: SocketAddr = "[fd00::5]:4791".parse().unwrap();
-        datagram_envelope(from6, &[2; 48], &[], &mut env);
+        datagram_envelope(from6, &[2; 40], &[], &mut env);
         assert_eq!(
             parse_datagram(&env, false).map(|(f, n, _)| (f, n.len())),
-            Some((from6, 48))
+            Some((from6, 40))
         );
         assert!(
             parse_datagram(&env, true).is_none(),
