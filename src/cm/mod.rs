@@ -15,6 +15,7 @@
 pub mod apr;
 pub mod drep;
 pub mod dreq;
+pub(crate) mod endpoint;
 pub mod lap;
 pub mod mad;
 pub mod manager;

@@ -13,7 +13,7 @@ use super::capture::Capture;
 use super::socket::Io;
 use super::tx::Tx;
 use super::{forward, probe};
-use crate::rdma_cm::core::{CmaCore, ModifyQp};
+use crate::cm::endpoint::{CmEndpoint, GsiAgent, ModifyQp};
 use crate::transport::ud::{net_header_v4, NetHeader, UdQp};
 use crate::transport::{AddressVector, CqSide, QpAttr, QpState, RcQp, UcQp};
 use crate::verbs::{AsyncEvent, AsyncQueue, CqShared, MrTable, SrqShared, VerbsError};
@@ -154,10 +154,11 @@ pub(crate) struct Engine {
     pub stats: Stats,
     /// The length and ICRC check of received datagrams, with the last IP ID of each source.
     icrc_gate: icrc::IcrcGate,
-    /// rdma_cm over the GSI QP1 of this device.
-    pub cma: CmaCore,
-    /// A GSI packet or a CM timer made work for `flush_cma`.
-    cma_pending: bool,
+    /// The CM endpoint of the device's GSI QP1 and what uses it (rdma_cm's core, once a
+    /// process uses rdma_cm on the device): see [`Engine::with_gsi`].
+    gsi: Box<dyn GsiAgent>,
+    /// A GSI packet or a CM timer made work for `flush_gsi`.
+    gsi_pending: bool,
     /// Answers to probes of the shared addresses' layout, sent after the receive burst out of
     /// the socket that got the probe.
     probe_answers: Vec<(usize, SocketAddr, [u8; probe::PROBE_LEN])>,
@@ -208,8 +209,8 @@ impl Engine {
             capture,
             stats: Stats::default(),
             icrc_gate: icrc::IcrcGate::new(),
-            cma: CmaCore::new(v4, node_guid, io.slot()),
-            cma_pending: false,
+            gsi: Box::new(CmEndpoint::new(v4, node_guid, io.slot())),
+            gsi_pending: false,
             probe_answers: Vec::with_capacity(8),
             misrouted: 0,
             pollfds: Vec::with_capacity(io.fds.len()),
@@ -264,8 +265,8 @@ impl Engine {
         self.qps
             .values()
             .filter_map(|s| s.qp.poll_timeout())
-            .chain(self.cma.poll_timeout())
-            .chain(self.cma.cm.unclaimed_check_at())
+            .chain(self.gsi.endpoint().poll_timeout())
+            .chain(self.gsi.endpoint().cm.unclaimed_check_at())
             .min()
     }
 
@@ -322,16 +323,17 @@ impl Engine {
                 }
             }
         }
-        if self.cma.poll_timeout().is_some_and(|t| t <= now) {
-            self.cma.cm.handle_timeout(now);
-            self.cma_pending = true;
+        let ep = self.gsi.endpoint_mut();
+        if ep.poll_timeout().is_some_and(|t| t <= now) {
+            ep.cm.handle_timeout(now);
+            self.gsi_pending = true;
         }
-        if self.cma.cm.unclaimed_check_at().is_some_and(|t| t <= now) {
+        if ep.cm.unclaimed_check_at().is_some_and(|t| t <= now) {
             self.forward_unclaimed(io, now);
         }
-        if self.cma_pending || crate::rdma_cm::core::sweep_due(&self.cma) {
-            self.cma_pending = false;
-            self.flush_cma(io, now);
+        if self.gsi_pending || self.gsi.work_pending() {
+            self.gsi_pending = false;
+            self.flush_gsi(io, now);
         }
         self.flush_dirty(io, mrs, events, now);
     }
@@ -469,9 +471,13 @@ impl Engine {
             }
             // GSI: connection management MADs go to the rdma_cm core, never to an app QP.
             self.stats.rx_gsi += 1;
-            self.cma
-                .on_gsi_packet(now, gid_from_ip(from.ip()), gid_from_ip(local.ip()), &pkt);
-            self.cma_pending = true;
+            self.gsi.endpoint_mut().on_gsi_packet(
+                now,
+                gid_from_ip(from.ip()),
+                gid_from_ip(local.ip()),
+                &pkt,
+            );
+            self.gsi_pending = true;
             return;
         }
         let Some(slot) = self.qps.get_mut(&qpn) else {
@@ -597,9 +603,13 @@ impl Engine {
                 let env = &buf[..n];
                 if let Some((msrc, mad)) = forward::parse(env) {
                     self.stats.rx_forwarded += 1;
-                    self.cma
-                        .on_forwarded_mad(now, msrc, gid_from_ip(sock.local.ip()), mad);
-                    self.cma_pending = true;
+                    self.gsi.endpoint_mut().on_forwarded_mad(
+                        now,
+                        msrc,
+                        gid_from_ip(sock.local.ip()),
+                        mad,
+                    );
+                    self.gsi_pending = true;
                     continue;
                 }
                 let Some((from, hdr, data)) = forward::parse_datagram(env, sock.local.is_ipv4())
@@ -670,33 +680,34 @@ impl Engine {
 }
 
 impl Engine {
-    /// Run `f` on the rdma_cm core with a way to change QP states (the changed QPs are flushed
-    /// by the next [`Engine::flush_cma`]).
-    pub fn with_cma<R>(
+    /// The device's CM endpoint (QP1).
+    pub fn cm_endpoint(&mut self) -> &mut CmEndpoint {
+        self.gsi.endpoint_mut()
+    }
+
+    /// Run `f` on the device's GSI agent of type `A` — made by `adopt` from the CM endpoint the
+    /// first time (rdma_cm's core) — with a way to change QP states (the changed QPs are
+    /// flushed by the next [`Engine::flush_gsi`]).
+    pub fn with_gsi<A: GsiAgent + 'static, R>(
         &mut self,
         now: Instant,
-        f: impl FnOnce(&mut CmaCore, ModifyQp<'_>, Instant) -> R,
+        adopt: impl FnOnce(CmEndpoint) -> A,
+        f: impl FnOnce(&mut A, ModifyQp<'_>, Instant) -> R,
     ) -> R {
+        if self.gsi.as_any_mut().downcast_mut::<A>().is_none() {
+            let vacant = Box::new(CmEndpoint::new(Ipv4Addr::UNSPECIFIED, 0, self.slot));
+            let ep = std::mem::replace(&mut self.gsi, vacant).into_endpoint();
+            self.gsi = Box::new(adopt(ep));
+        }
         let Engine {
-            cma, qps, dirty, ..
+            gsi, qps, dirty, ..
         } = self;
-        let mut modify = |qpn: u32, a: &QpAttr| -> bool {
-            let Some(s) = qps.get_mut(&qpn) else {
-                return false;
-            };
-            let ok = match &mut s.qp {
-                QpTransport::Rc(q) => q.modify(a, now).is_ok(),
-                QpTransport::Uc(q) => q.modify(a).is_ok(),
-                QpTransport::Ud(q) => q.modify(a).is_ok(),
-            };
-            // A change the CM asked for is not a fatal error of the transport.
-            s.last_state = s.qp.state();
-            if !dirty.contains(&qpn) {
-                dirty.push(qpn);
-            }
-            ok
-        };
-        f(cma, &mut modify, now)
+        let agent = gsi
+            .as_any_mut()
+            .downcast_mut::<A>()
+            .expect("the agent was made an A above");
+        let mut modify = |qpn: u32, a: &QpAttr| modify_qp(qps, dirty, qpn, a, now);
+        f(agent, &mut modify, now)
     }
 
     /// Which sockets to read this round (bit `k`: socket `k`). An application that busy-polls
@@ -719,9 +730,12 @@ impl Engine {
     /// Hand REQs nobody here listens for to the context (another process on the same address)
     /// that listens for them now.
     fn forward_unclaimed(&mut self, io: &Io, now: Instant) {
-        let out = self.cma.forward_unclaimed(now, |port, local, src| {
-            io.forward_target(port, local.map(|g| gid_to_ip(&g)), gid_to_ip(&src.gid))
-        });
+        let out = self
+            .gsi
+            .endpoint_mut()
+            .forward_unclaimed(now, |port, local, src| {
+                io.forward_target(port, local.map(|g| gid_to_ip(&g)), gid_to_ip(&src.gid))
+            });
         for ((k, to), src, mad) in out {
             self.stats.tx_forwarded += 1;
             let _ = io.socks[k]
@@ -731,15 +745,21 @@ impl Engine {
     }
 
     /// Deliver the CM's events (moving QPs as they say) and send its MADs.
-    pub fn flush_cma(&mut self, io: &Io, now: Instant) {
-        self.with_cma(now, |core, modify, now| core.process(now, modify));
+    pub fn flush_gsi(&mut self, io: &Io, now: Instant) {
+        {
+            let Engine {
+                gsi, qps, dirty, ..
+            } = self;
+            let mut modify = |qpn: u32, a: &QpAttr| modify_qp(qps, dirty, qpn, a, now);
+            gsi.process(now, &mut modify);
+        }
         let mut out = Tx {
             fds: &io.fds,
             capture: &mut self.capture,
             stats: &mut self.stats,
             batch: &mut self.tx,
         };
-        while let Some(g) = self.cma.poll_transmit() {
+        while let Some(g) = self.gsi.endpoint_mut().poll_transmit() {
             let Some(buf) = out.buf().get_mut(..g.packet.len()) else {
                 continue;
             };
@@ -777,6 +797,31 @@ fn readable(fds: &[RawFd], pollfds: &mut Vec<libc::pollfd>) -> u32 {
         .enumerate()
         .filter(|(_, p)| p.revents != 0)
         .fold(0, |m, (k, _)| m | 1 << k.min(31))
+}
+
+/// A QP state change the CM asked for (see [`ModifyQp`]); the QP is flushed by the next
+/// [`Engine::flush_dirty`].
+fn modify_qp(
+    qps: &mut HashMap<u32, QpSlot>,
+    dirty: &mut Vec<u32>,
+    qpn: u32,
+    a: &QpAttr,
+    now: Instant,
+) -> bool {
+    let Some(s) = qps.get_mut(&qpn) else {
+        return false;
+    };
+    let ok = match &mut s.qp {
+        QpTransport::Rc(q) => q.modify(a, now).is_ok(),
+        QpTransport::Uc(q) => q.modify(a).is_ok(),
+        QpTransport::Ud(q) => q.modify(a).is_ok(),
+    };
+    // A change the CM asked for is not a fatal error of the transport.
+    s.last_state = s.qp.state();
+    if !dirty.contains(&qpn) {
+        dirty.push(qpn);
+    }
+    ok
 }
 
 /// Whether `src` is the IP address of a connected (RC or UC) QP's peer, given the QP's

@@ -1,29 +1,31 @@
 //! The rdma_cm half that lives in a device's engine (like the kernel's `cma.c` over `cm.c`):
-//! the IB CM endpoint of the device's GSI QP1, the device's listeners and connections by comm
-//! ID, and the translation of IB CM events into rdma_cm events and QP state changes. Everything
-//! here runs under the engine lock, so the QP transitions and the CM state move together.
+//! the device's listeners and connections by comm ID over its IB CM endpoint
+//! ([`CmEndpoint`], QP1), and the translation of IB CM events into rdma_cm events and QP state
+//! changes. The engine holds it as the device's [`GsiAgent`] (it replaces the bare endpoint
+//! the first time rdma_cm uses the device). Everything here runs under the engine lock, so the
+//! QP transitions and the CM state move together.
 
+use std::any::Any;
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::event::{ConnParam, EventParam, EventType, RawEvent, UdParam};
 use super::id::{CmId, Handle, IdInner, Phase};
 use super::listeners::{Listener, Listeners};
+use crate::cm::endpoint::{CmEndpoint, GsiAgent, ModifyQp};
 use crate::cm::mad::MAD_LEN;
 use crate::cm::manager::{
-    CmConfig, CmEvent as IbEvent, CmId as IbId, CmManager, ConnState, ConnectRequestInfo,
-    EstablishedInfo, MadAddr,
+    CmEvent as IbEvent, CmId as IbId, ConnState, ConnectRequestInfo, EstablishedInfo,
 };
 use crate::cm::private_data::CmaHdr;
 use crate::cm::service_id;
 use crate::cm::sidr_manager::{SidrRequestInfo, SidrStatus};
 use crate::transport::{AccessFlags, AddressVector, Mtu, QpAttr, QpState};
-use crate::verbs::{gid_from_ipv4, Context, Shared};
+use crate::verbs::{Context, Shared};
 use crate::wire::gid::gid_to_ip;
-use crate::wire::Packet;
 
 /// Bumped whenever an id is destroyed, so each core sweeps its tables soon after.
 pub(crate) static DESTROY_GEN: AtomicU64 = AtomicU64::new(0);
@@ -33,25 +35,12 @@ pub(crate) const QP_TIMEOUT: u8 = 19;
 /// RNR NAK timer this side's QPs advertise (0.64 ms).
 pub(crate) const MIN_RNR_TIMER: u8 = 12;
 
-/// A QP state change the core asks the engine to make: `(qpn, attributes)`; false if it failed.
-pub(crate) type ModifyQp<'a> = &'a mut dyn FnMut(u32, &QpAttr) -> bool;
-
 struct ConnRec {
     handle: Weak<Handle>,
     inner: Arc<IdInner>,
     /// The listening id (its [`Listener::key`]) of an incoming request.
     listener: Option<usize>,
 }
-
-/// Peers whose local address is remembered (see [`CmaCore::local_toward`]) before the table
-/// is started again.
-const MAX_ROUTES: usize = 4096;
-
-/// How long a REQ for a port nobody listens on waits for a listener before REJ reason 8
-/// (`cm/manager/unclaimed.rs`): long enough for a server that syncs with its client out of band
-/// and then listens (perftest `-R`) on a loaded machine, short enough that connecting to a
-/// closed port still fails promptly.
-pub const UNCLAIMED_REQ_WAIT: Duration = Duration::from_millis(250);
 
 impl ConnRec {
     fn alive(&self) -> Option<CmId> {
@@ -62,56 +51,24 @@ impl ConnRec {
     }
 }
 
-/// A GSI packet to send: to the host with GID `to`, from the local GID `from` if known.
-pub(crate) struct GsiOut {
-    pub to: [u8; 16],
-    pub from: Option<[u8; 16]>,
-    pub packet: Vec<u8>,
-}
-
 pub(crate) struct CmaCore {
-    pub cm: CmManager,
-    /// The endpoint's IPv4 address (`0.0.0.0`: none).
-    local: Ipv4Addr,
+    /// The device's IB CM endpoint (QP1), owned while rdma_cm uses the device.
+    pub ep: CmEndpoint,
     shared: Option<Weak<Shared>>,
     listeners: Listeners,
-    /// The local GID each peer GID talks to (the address its MADs come to, or that this side
-    /// connects from): MADs to the peer go out from there.
-    routes: HashMap<[u8; 16], [u8; 16]>,
     conns: HashMap<u32, ConnRec>,
     gen_seen: u64,
-    psn: u32,
-}
-
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    let _ = getrandom::getrandom(&mut b);
-    u64::from_ne_bytes(b)
 }
 
 impl CmaCore {
-    /// The core of the device on `local`, whose CM IDs start with `slot` (the device's
-    /// slot on its shared address: the kernel steers CM replies to it by that byte).
-    pub fn new(local: Ipv4Addr, node_guid: u64, slot: u8) -> Self {
-        let r = random_u64();
-        let mut cm = CmManager::new(CmConfig {
-            local_gid: gid_from_ipv4(local),
-            local_ca_guid: node_guid,
-            hi_tid: (r >> 32) as u32 | 1,
-            seed: random_u64(),
-        });
-        cm.set_id_prefix(slot);
-        // A REQ may beat the server's rdma_listen by microseconds (see cm/manager/unclaimed.rs).
-        cm.set_unclaimed_wait(UNCLAIMED_REQ_WAIT);
+    /// rdma_cm's core over the device's CM endpoint `ep`.
+    pub fn new(ep: CmEndpoint) -> Self {
         CmaCore {
-            cm,
-            local,
+            ep,
             shared: None,
             listeners: Listeners::default(),
-            routes: HashMap::new(),
             conns: HashMap::new(),
             gen_seen: 0,
-            psn: r as u32 & 0x00ff_ffff,
         }
     }
 
@@ -127,71 +84,6 @@ impl CmaCore {
             .as_ref()
             .and_then(|w| w.upgrade())
             .map(|shared| Context { shared })
-    }
-
-    /// A packet to QP1 from the host with GID `src`, to the local address with GID `local`.
-    pub fn on_gsi_packet(
-        &mut self,
-        now: Instant,
-        src: [u8; 16],
-        local: [u8; 16],
-        pkt: &Packet<'_>,
-    ) {
-        if self.cm.handle_gsi_packet(now, src, pkt) {
-            self.set_route(src, local);
-        }
-    }
-
-    /// A CM MAD that another process on the address `local` received from `src` and handed
-    /// over, because this process listens for it (see `driver::forward`).
-    pub fn on_forwarded_mad(&mut self, now: Instant, src: MadAddr, local: [u8; 16], mad: &[u8]) {
-        self.cm.handle_forwarded_mad(now, src, mad);
-        self.set_route(src.gid, local);
-    }
-
-    /// Hand over REQs nobody here listens for: `target(port, local GID the REQ came to, src)`
-    /// names another process that listens on that rdma_cm port now.
-    pub fn forward_unclaimed<T>(
-        &mut self,
-        now: Instant,
-        mut target: impl FnMut(u16, Option<[u8; 16]>, &MadAddr) -> Option<T>,
-    ) -> Vec<(T, MadAddr, [u8; MAD_LEN])> {
-        let routes = &self.routes;
-        self.cm.forward_unclaimed(now, |sid, src| {
-            let port = service_id::split(sid)?.1;
-            target(port, routes.get(&src.gid).copied(), src)
-        })
-    }
-
-    /// Send MADs to `peer` from `local`.
-    pub fn set_route(&mut self, peer: [u8; 16], local: [u8; 16]) {
-        if self.routes.len() >= MAX_ROUTES && !self.routes.contains_key(&peer) {
-            // Only a preference (MADs to an unknown peer go out from the device's first
-            // address of its family): start again rather than grow without bound.
-            self.routes.clear();
-        }
-        self.routes.insert(peer, local);
-    }
-
-    /// The local GID MADs to `peer` go out from, if known.
-    pub fn local_toward(&self, peer: &[u8; 16]) -> Option<[u8; 16]> {
-        self.routes.get(peer).copied()
-    }
-
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.cm.poll_timeout()
-    }
-
-    /// The next MAD to send as a GSI packet (BTH to ICRC, ICRC to fill).
-    pub fn poll_transmit(&mut self) -> Option<GsiOut> {
-        let (dest, mad) = self.cm.poll_transmit()?;
-        let psn = self.psn;
-        self.psn = (self.psn + 1) & 0x00ff_ffff;
-        Some(GsiOut {
-            to: dest.gid,
-            from: self.local_toward(&dest.gid),
-            packet: crate::cm::manager::gsi_packet(&dest, &mad, psn),
-        })
     }
 
     /// Listen for `sid` with the id `inner` bound to `addr` (a wildcard or one address).
@@ -216,8 +108,8 @@ impl CmaCore {
             // The IB CM applies the backlog to unanswered SIDR requests itself (REQs are
             // counted in `on_connect_request`).
             Some(true) => {
-                self.cm.unlisten(sid);
-                if self.cm.listen_with_backlog(sid, backlog.max(1)).is_err() {
+                self.ep.cm.unlisten(sid);
+                if self.ep.cm.listen_with_backlog(sid, backlog.max(1)).is_err() {
                     self.listeners.remove(sid, &inner);
                     return false;
                 }
@@ -229,7 +121,7 @@ impl CmaCore {
     /// Stop listening for `sid` with the id `inner`.
     pub fn remove_listener(&mut self, sid: u64, inner: &Arc<IdInner>) {
         if self.listeners.remove(sid, inner) {
-            self.cm.unlisten(sid);
+            self.ep.cm.unlisten(sid);
         }
     }
 
@@ -264,8 +156,8 @@ impl CmaCore {
             .or_else(|| Some(SocketAddr::new(gid_to_ip(peer_gid), 0)));
         let local = cma
             .and_then(|h| h.dst_ip())
-            .or_else(|| self.local_toward(peer_gid).map(|g| gid_to_ip(&g)))
-            .unwrap_or(IpAddr::V4(self.local));
+            .or_else(|| self.ep.local_toward(peer_gid).map(|g| gid_to_ip(&g)))
+            .unwrap_or(IpAddr::V4(self.ep.local));
         (SocketAddr::new(local, port), remote)
     }
 
@@ -295,7 +187,7 @@ impl CmaCore {
             self.gen_seen = gen;
             self.sweep(now);
         }
-        while let Some(ev) = self.cm.poll_event() {
+        while let Some(ev) = self.ep.cm.poll_event() {
             match ev {
                 IbEvent::ConnectRequest(info) => self.on_connect_request(now, info),
                 IbEvent::Established { id, info } => {
@@ -443,6 +335,7 @@ impl CmaCore {
             .and_then(|l| Some((l.alive()?, l.inner.clone(), l.key())));
         let (Some((lid, linner, key)), Some(ctx)) = (listener, self.context()) else {
             let _ = self
+                .ep
                 .cm
                 .sidr_reply(now, id, SidrStatus::Unsupported, 0, 0, &[]);
             return;
@@ -484,7 +377,7 @@ impl CmaCore {
             .find(info.service_id, info.cma.as_ref())
             .and_then(|l| Some((l.alive()?, l.inner.clone(), l.backlog, l.key())));
         let Some((lid, linner, backlog, key)) = listener else {
-            let _ = self.cm.refuse(now, id);
+            let _ = self.ep.cm.refuse(now, id);
             return;
         };
         let pending = self
@@ -495,7 +388,7 @@ impl CmaCore {
         let ctx = self.context();
         let (Some(ctx), true) = (ctx, pending < backlog.max(1)) else {
             // Over the backlog: a rate-limited REJ, so a REQ flood does not make us reflect.
-            let _ = self.cm.refuse(now, id);
+            let _ = self.ep.cm.refuse(now, id);
             return;
         };
         let (local, remote) = self.endpoints(info.service_id, info.cma.as_ref(), &info.peer.gid);
@@ -583,7 +476,7 @@ impl CmaCore {
                 st.phase = Phase::Idle;
                 st.conn = None;
                 drop(st);
-                let _ = self.cm.disconnect(now, id, &[]);
+                let _ = self.ep.cm.disconnect(now, id, &[]);
                 push(
                     &inner,
                     RawEvent::new(
@@ -618,13 +511,16 @@ impl CmaCore {
         for k in dead {
             self.conns.remove(&k);
             let id = IbId(k);
-            match self.cm.conn_info(id).map(|c| c.state) {
+            match self.ep.cm.conn_info(id).map(|c| c.state) {
                 Some(ConnState::Established | ConnState::DreqRcvd) => {
-                    let _ = self.cm.disconnect(now, id, &[]);
+                    let _ = self.ep.cm.disconnect(now, id, &[]);
                 }
                 None => {
                     // A SIDR request never answered: refuse it (no-op for other ids).
-                    let _ = self.cm.sidr_reply(now, id, SidrStatus::Reject, 0, 0, &[]);
+                    let _ = self
+                        .ep
+                        .cm
+                        .sidr_reply(now, id, SidrStatus::Reject, 0, 0, &[]);
                 }
                 Some(
                     ConnState::ReqSent
@@ -634,7 +530,7 @@ impl CmaCore {
                     | ConnState::RepSent
                     | ConnState::MraRepRcvd,
                 ) => {
-                    let _ = self.cm.reject(id, &[]);
+                    let _ = self.ep.cm.reject(id, &[]);
                 }
                 _ => {}
             }
@@ -645,9 +541,26 @@ impl CmaCore {
     }
 }
 
-/// An id was destroyed since `core` last swept.
-pub(crate) fn sweep_due(core: &CmaCore) -> bool {
-    DESTROY_GEN.load(Ordering::Acquire) != core.gen_seen
+impl GsiAgent for CmaCore {
+    fn endpoint(&self) -> &CmEndpoint {
+        &self.ep
+    }
+    fn endpoint_mut(&mut self) -> &mut CmEndpoint {
+        &mut self.ep
+    }
+    fn process(&mut self, now: Instant, modify: ModifyQp<'_>) {
+        CmaCore::process(self, now, modify)
+    }
+    /// An id was destroyed since the core last swept.
+    fn work_pending(&self) -> bool {
+        DESTROY_GEN.load(Ordering::Acquire) != self.gen_seen
+    }
+    fn into_endpoint(self: Box<Self>) -> CmEndpoint {
+        self.ep
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }
 
 fn zero_param() -> ConnParam {

@@ -7,10 +7,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::channel::{ChannelInner, EventChannel};
-use super::core::{CmaCore, ModifyQp, Transition, DESTROY_GEN};
+use super::core::{CmaCore, Transition, DESTROY_GEN};
 use super::error::{CmaError, Result};
 use super::event::{ConnParam, EventParam, EventType, RawEvent};
 use super::route;
+use crate::cm::endpoint::ModifyQp;
 use crate::cm::manager::{AcceptParams, CmId as IbId, ConnectParams, ConnectRequestInfo, MadAddr};
 use crate::cm::private_data::{CmaHdr, CMA_HDR_LEN};
 use crate::cm::service_id::PortSpace;
@@ -772,7 +773,8 @@ impl CmId {
             let rq_psn = random_psn();
             let mut p = ConnectParams::rdma_cm_tcp_ip(local, remote, qpn, rq_psn);
             // The CM's MADs to the peer go out from the id's address.
-            core.set_route(gid_from_ip(remote.ip()), gid_from_ip(local.ip()));
+            core.ep
+                .set_route(gid_from_ip(remote.ip()), gid_from_ip(local.ip()));
             p.responder_resources = param.responder_resources;
             p.initiator_depth = param.initiator_depth;
             p.retry_count = param.retry_count;
@@ -785,6 +787,7 @@ impl CmId {
             p.cm_response_timeout = st.timeouts.cm_response_timeout;
             p.max_cm_retries = st.timeouts.max_cm_retries;
             let id = core
+                .ep
                 .cm
                 .connect(now, &p)
                 .map_err(|_| CmaError::InvalidArgument("connection parameters"))?;
@@ -823,7 +826,8 @@ impl CmId {
                 (SocketAddr::V4(l), IpAddr::V4(r)) => CmaHdr::v4(l, r),
                 _ => return Err(CmaError::InvalidArgument("address families differ")),
             };
-            core.set_route(gid_from_ip(remote.ip()), gid_from_ip(local.ip()));
+            core.ep
+                .set_route(gid_from_ip(remote.ip()), gid_from_ip(local.ip()));
             let mut p = SidrParams::rdma_cm_udp(
                 MadAddr::gsi(remote.ip()),
                 hdr,
@@ -833,6 +837,7 @@ impl CmId {
             p.timeout = crate::cm::manager::iba_time(st.timeouts.cm_response_timeout);
             p.max_retries = st.timeouts.max_cm_retries;
             let id = core
+                .ep
                 .cm
                 .sidr_request(now, &p)
                 .map_err(|_| CmaError::InvalidArgument("SIDR parameters"))?;
@@ -864,7 +869,7 @@ impl CmId {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             let id = st.conn.take().expect("connect request");
-            let r = core.cm.sidr_reply(
+            let r = core.ep.cm.sidr_reply(
                 now,
                 id,
                 SidrStatus::Ok,
@@ -949,7 +954,8 @@ impl CmId {
             ap.srq = param.srq;
             ap.flow_control = param.flow_control;
             ap.private_data = param.private_data.clone();
-            core.cm
+            core.ep
+                .cm
                 .accept(now, id, &ap)
                 .map_err(|_| CmaError::InvalidState("the connection request is gone"))?;
             st.rq_psn = rq_psn;
@@ -985,10 +991,11 @@ impl CmId {
             let id = st.conn.take().expect("connect request");
             if ud {
                 let _ = core
+                    .ep
                     .cm
                     .sidr_reply(now, id, SidrStatus::Reject, 0, 0, private_data);
             } else {
-                let _ = core.cm.reject(id, private_data);
+                let _ = core.ep.cm.reject(id, private_data);
             }
             core.remove_conn(id);
             st.phase = Phase::Idle;
@@ -1029,7 +1036,7 @@ impl CmId {
             };
             match st.phase {
                 Phase::Connecting | Phase::Accepting => {
-                    let _ = core.cm.reject(id, &[]);
+                    let _ = core.ep.cm.reject(id, &[]);
                     core.remove_conn(id);
                     st.conn = None;
                     st.phase = Phase::Disconnected;
@@ -1037,14 +1044,15 @@ impl CmId {
                     self.push(EventType::Disconnected, 0);
                 }
                 Phase::Established => {
-                    core.cm
+                    core.ep
+                        .cm
                         .disconnect(now, id, &[])
                         .map_err(|_| CmaError::InvalidState("established"))?;
                     st.phase = Phase::Disconnecting;
                 }
                 _ => {
                     // DREQ received: answer it. Already answered: nothing to do.
-                    let _ = core.cm.disconnect(now, id, &[]);
+                    let _ = core.ep.cm.disconnect(now, id, &[]);
                 }
             }
             Ok(())
@@ -1112,8 +1120,8 @@ impl Context {
             }
         };
         let now = Instant::now();
-        if e.cma.cm.disconnect_all(now) > 0 {
-            e.flush_cma(&s.io, now);
+        if e.cm_endpoint().cm.disconnect_all(now) > 0 {
+            e.flush_gsi(&s.io, now);
         }
     }
 
@@ -1126,8 +1134,8 @@ impl Context {
         let s = &self.shared;
         let mut e = s.lock_engine_for_verb()?;
         let now = Instant::now();
-        let r = e.with_cma(now, f);
-        e.flush_cma(&s.io, now);
+        let r = e.with_gsi(now, CmaCore::new, f);
+        e.flush_gsi(&s.io, now);
         e.flush_dirty(&s.io, &s.mrs, &s.async_events, now);
         s.kick_if_earlier(e.next_deadline());
         Ok(r)

@@ -26,9 +26,9 @@ mod id;
 mod listeners;
 mod route;
 
+pub use crate::cm::endpoint::UNCLAIMED_REQ_WAIT;
 pub use crate::cm::service_id::PortSpace;
 pub use channel::{EventChannel, WaitError};
-pub use core::UNCLAIMED_REQ_WAIT;
 pub use error::{CmaError, Result};
 pub use event::{CmEvent, ConnParam, EventParam, EventType, UdParam};
 pub use id::{CmId, CmTimeouts};
