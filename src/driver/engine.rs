@@ -10,13 +10,17 @@ use std::time::Instant;
 
 use super::batch::{RxBatch, RxInfo, TxBatch};
 use super::capture::Capture;
+use super::cq::CqShared;
+use super::error::DriverError;
+use super::events::{AsyncEvent, AsyncQueue};
+use super::memory::MrTable;
 use super::socket::Io;
+use super::srq::SrqShared;
 use super::tx::Tx;
 use super::{forward, probe};
 use crate::cm::endpoint::{CmEndpoint, GsiAgent, ModifyQp};
 use crate::transport::ud::{net_header_v4, NetHeader, UdQp};
 use crate::transport::{AddressVector, CqSide, QpAttr, QpState, RcQp, UcQp};
-use crate::verbs::{AsyncEvent, AsyncQueue, CqShared, MrTable, SrqShared, VerbsError};
 use crate::wire::gid::{gid_from_ip, gid_to_ip};
 use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
 use crate::wire::ipv6::{Ipv6Udp, IPV6_LEN};
@@ -192,7 +196,7 @@ const FWD_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl Engine {
     /// The engine of the endpoint `io` (its addresses, slot and GSO support).
-    pub fn new(capture: Option<PathBuf>, io: &Io, node_guid: u64) -> Result<Engine, VerbsError> {
+    pub fn new(capture: Option<PathBuf>, io: &Io, node_guid: u64) -> Result<Engine, DriverError> {
         let locals: Vec<IpAddr> = io.socks.iter().map(|s| s.local.ip()).collect();
         let capture = match capture {
             Some(p) => Some(Capture::open(&p, &locals)?),
@@ -225,7 +229,7 @@ impl Engine {
     }
 
     /// A free QPN of this endpoint's slot: `slot << 16 | n`.
-    pub fn alloc_qpn(&mut self) -> Result<u32, VerbsError> {
+    pub fn alloc_qpn(&mut self) -> Result<u32, DriverError> {
         for _ in 0..=QPN_MASK {
             let n = self.next_qpn;
             self.next_qpn = if n >= QPN_MASK { 0 } else { n + 1 };
@@ -234,7 +238,7 @@ impl Engine {
                 return Ok(q);
             }
         }
-        Err(VerbsError::NoResources("no free QP number"))
+        Err(DriverError::NoResources("no free QP number"))
     }
 
     pub fn insert_qp(&mut self, qpn: u32, slot: QpSlot) {

@@ -4,8 +4,8 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::runtime::Runtime;
 use super::socket::Io;
-use crate::verbs::Shared;
 
 /// Longest sleep, so that a dropped context's thread notices soon.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
@@ -14,7 +14,7 @@ const POLL_WINDOW: Duration = Duration::from_millis(2);
 /// How often the contexts sharing the address are checked for dead ones.
 const SHARE_CHECK: Duration = Duration::from_millis(100);
 
-pub(crate) fn spawn(shared: Weak<Shared>, io: Arc<Io>) -> std::io::Result<()> {
+pub(crate) fn spawn(shared: Weak<Runtime>, io: Arc<Io>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("softrdma-progress".into())
         .spawn(move || run(shared, io))?;
@@ -32,7 +32,7 @@ fn wait_fd(fd: i32, timeout: Duration) {
     unsafe { libc::poll(&mut p, 1, timeout.as_millis().max(1) as libc::c_int) };
 }
 
-fn run(shared: Weak<Shared>, io: Arc<Io>) {
+fn run(shared: Weak<Runtime>, io: Arc<Io>) {
     let mut last_check = Instant::now();
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(io.fds.len() + 1);
     loop {

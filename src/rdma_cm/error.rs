@@ -51,3 +51,9 @@ impl CmaError {
 }
 
 pub type Result<T> = std::result::Result<T, CmaError>;
+
+impl From<crate::driver::DriverError> for CmaError {
+    fn from(e: crate::driver::DriverError) -> Self {
+        CmaError::Verbs(e.into())
+    }
+}

@@ -1,48 +1,13 @@
 //! Completion channels (`ibv_create_comp_channel`, `ibv_get_cq_event`): an eventfd that becomes
 //! readable when an armed CQ gets a completion, so it can sit in an epoll set with other fds.
 
-use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use super::context::Shared;
-use super::cq::{CompletionQueue, CqShared};
+use super::cq::CompletionQueue;
 use super::error::{Result, VerbsError};
-
-pub(crate) struct ChannelShared {
-    /// A semaphore eventfd: one count per event.
-    fd: OwnedFd,
-    events: Mutex<VecDeque<Arc<CqShared>>>,
-}
-
-impl ChannelShared {
-    pub(crate) fn new() -> Result<Self> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(ChannelShared {
-            fd,
-            events: Mutex::new(VecDeque::new()),
-        })
-    }
-
-    pub(crate) fn notify(&self, cq: Arc<CqShared>) {
-        self.events.lock().unwrap().push_back(cq);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-        unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
-    }
-}
+pub(crate) use crate::driver::channel::ChannelShared;
 
 /// A completion channel.
 pub struct CompletionChannel {
@@ -53,7 +18,7 @@ pub struct CompletionChannel {
 impl CompletionChannel {
     /// The fd to put in `epoll`/`poll`: readable while an event is pending.
     pub fn fd(&self) -> RawFd {
-        self.inner.fd.as_raw_fd()
+        self.inner.fd()
     }
 
     /// Make [`CompletionChannel::get_cq_event`] return `WouldBlock` instead of waiting (what the
@@ -90,13 +55,7 @@ impl CompletionChannel {
                     _ => return Err(e.into()),
                 }
             }
-            let cq = self
-                .inner
-                .events
-                .lock()
-                .unwrap()
-                .pop_front()
-                .ok_or(VerbsError::WouldBlock)?;
+            let cq = self.inner.pop_event().ok_or(VerbsError::WouldBlock)?;
             // An event of a CQ destroyed since is dropped, as rdma-core drops the unread events
             // of a destroyed CQ.
             if cq.take_event() {

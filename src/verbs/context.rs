@@ -2,44 +2,29 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV6};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use super::channel::{ChannelShared, CompletionChannel};
 use super::cq::{CompletionQueue, CqShared};
 use super::device::*;
 use super::error::{Result, VerbsError};
-use super::event::{AsyncEvent, AsyncQueue};
-use super::mr::MrTable;
 use super::pd::ProtectionDomain;
-use super::quota::Quota;
 use crate::driver::engine::{Engine, Stats};
+use crate::driver::events::AsyncEvent;
+use crate::driver::quota::Quota;
+use crate::driver::runtime::Runtime;
 use crate::driver::socket::Io;
 
+/// An open device as the verbs see it: the runtime (dereferenced to) and what the API itself
+/// keeps: the device, the ids it hands out and the limits it enforces.
 pub(crate) struct Shared {
+    pub rt: Arc<Runtime>,
     pub device: Device,
     /// The IPv4 address the endpoint is bound to (`0.0.0.0`: none).
     pub addr: Ipv4Addr,
-    pub mrs: MrTable,
-    pub engine: Mutex<Engine>,
-    pub io: Arc<Io>,
     next_id: AtomicU32,
-    /// When an application thread last busy-polled (µs since `epoch`); while it polls, the
-    /// progress thread stays out of its way.
-    last_app_poll: AtomicU64,
-    /// The progress thread is standing aside for a busy-polling application.
-    progress_yielding: AtomicBool,
-    /// When the progress thread means to wake next (µs since `epoch`; `u64::MAX`: it is not
-    /// asleep on a timer, or there is none). Written and compared under the engine lock, so a
-    /// new, earlier deadline always wakes it.
-    planned_wake: AtomicU64,
-    epoch: Instant,
-    pub async_events: Arc<AsyncQueue>,
-    /// QPs dropped while the engine was busy (see `QueuePair`'s drop).
-    deferred_removals: Mutex<Vec<u32>>,
-    /// `max_pd` and `max_cq`, enforced.
+    /// `max_pd`, `max_cq` and `max_srq`, enforced.
     pub(crate) pd_quota: Arc<Quota>,
     pub(crate) cq_quota: Arc<Quota>,
     pub(crate) srq_quota: Arc<Quota>,
@@ -49,135 +34,12 @@ impl Shared {
     pub(crate) fn next_id(&self) -> u32 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
-
-    pub(crate) fn lock_engine(&self) -> std::sync::MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The engine, for a verb called by the application. A thread that holds a memory-region
-    /// guard gets [`VerbsError::Busy`] instead: the engine's holder may be waiting for that
-    /// very region (a deadlock otherwise).
-    pub(crate) fn lock_engine_for_verb(&self) -> Result<std::sync::MutexGuard<'_, Engine>> {
-        if super::mr::guards_held() {
-            return Err(VerbsError::Busy(
-                "this thread holds a MemoryRegion::lock guard; drop it before calling this verb",
-            ));
-        }
-        Ok(self.lock_engine())
-    }
-
-    /// Drive the transport once, now, on this thread (unless it holds a memory-region guard:
-    /// then the progress thread does it).
-    pub(crate) fn drive(&self) {
-        if super::mr::guards_held() {
-            self.io.wake();
-            return;
-        }
-        let mut e = self.lock_engine();
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
-        self.kick_if_earlier(e.next_deadline());
-    }
-
-    /// Drive once, reading the forward sockets too (something arrived on one: see
-    /// `driver::forward`).
-    pub(crate) fn drive_forwarded(&self) {
-        if super::mr::guards_held() {
-            self.io.wake();
-            return;
-        }
-        let mut e = self.lock_engine();
-        e.force_fwd_check();
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
-        self.kick_if_earlier(e.next_deadline());
-    }
-
-    /// Drive once unless another thread is driving already (the busy-poll path).
-    pub(crate) fn try_drive(&self) {
-        if super::mr::guards_held() {
-            // This thread may not drive (see `MrGuard`); nor may it keep the progress thread
-            // standing aside.
-            return;
-        }
-        let t = self.epoch.elapsed().as_micros() as u64;
-        self.last_app_poll.store(t, Ordering::Relaxed);
-        let mut e = match self.engine.try_lock() {
-            Ok(e) => e,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
-        self.remove_deferred(&mut e);
-        e.app_driving = true;
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
-        e.app_driving = false;
-        self.kick_if_earlier(e.next_deadline());
-    }
-
-    pub(crate) fn defer_qp_removal(&self, qpn: u32) {
-        self.deferred_removals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(qpn);
-        self.io.wake();
-    }
-
-    fn remove_deferred(&self, e: &mut Engine) {
-        let mut d = self
-            .deferred_removals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        for qpn in d.drain(..) {
-            e.remove_qp(qpn);
-        }
-    }
-
-    fn micros(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.epoch).as_micros() as u64
-    }
-
-    /// Called by the progress thread under the engine lock before it sleeps until `deadline`.
-    pub(crate) fn plan_wake(&self, deadline: Instant) {
-        self.planned_wake
-            .store(self.micros(deadline).max(1), Ordering::Relaxed);
-    }
-
-    /// Called by the progress thread under the engine lock when it woke up.
-    pub(crate) fn woke(&self) {
-        self.planned_wake.store(u64::MAX, Ordering::Relaxed);
-    }
-
-    /// Under the engine lock: wake the progress thread if a timer is now due before it planned
-    /// to look (so retransmission and RNR waits run on time while the application sleeps).
-    pub(crate) fn kick_if_earlier(&self, deadline: Option<Instant>) {
-        if let Some(d) = deadline {
-            let planned = self.planned_wake.load(Ordering::Relaxed);
-            if planned != u64::MAX && self.micros(d) < planned {
-                self.io.wake();
-            }
-        }
-    }
 }
 
-impl Shared {
-    /// True while an application thread has busy-polled within `window`.
-    pub(crate) fn app_polling(&self, window: Duration) -> bool {
-        let last = self.last_app_poll.load(Ordering::SeqCst);
-        let now = self.epoch.elapsed().as_micros() as u64;
-        last != 0 && now.saturating_sub(last) < window.as_micros() as u64
-    }
-
-    /// The application is about to sleep (it armed a CQ or blocks on a channel): the progress
-    /// thread must not stand aside any longer. (SeqCst pairs with [`Shared::set_yielding`]: one
-    /// of the two sides sees the other's store.)
-    pub(crate) fn app_blocking(&self) {
-        self.last_app_poll.store(0, Ordering::SeqCst);
-        if self.progress_yielding.load(Ordering::SeqCst) {
-            self.io.wake();
-        }
-    }
-
-    /// The progress thread stands aside (`true`) or resumes (`false`).
-    pub(crate) fn set_yielding(&self, on: bool) {
-        self.progress_yielding.store(on, Ordering::SeqCst);
+impl std::ops::Deref for Shared {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        &self.rt
     }
 }
 
@@ -186,12 +48,6 @@ impl Shared {
 pub struct ContextOptions {
     /// Write every datagram sent and received to this pcap file (default: `$SOFTRDMA_PCAP`).
     pub pcap: Option<PathBuf>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        self.io.shutdown();
-    }
 }
 
 /// An open device: create PDs, CQs and channels from it.
@@ -226,24 +82,17 @@ impl Context {
             .clone()
             .or_else(|| std::env::var_os("SOFTRDMA_PCAP").map(Into::into));
         let engine = Engine::new(pcap, &io, guid_of_io(&io))?;
+        let rt = Arc::new(Runtime::new(io, engine));
+        Runtime::start(&rt)?;
         let shared = Arc::new(Shared {
+            rt,
             device,
             addr,
-            mrs: MrTable::default(),
-            engine: Mutex::new(engine),
-            io: io.clone(),
             next_id: AtomicU32::new(1),
-            last_app_poll: AtomicU64::new(0),
-            progress_yielding: AtomicBool::new(false),
-            planned_wake: AtomicU64::new(u64::MAX),
-            epoch: Instant::now(),
-            async_events: Arc::new(AsyncQueue::default()),
-            deferred_removals: Mutex::new(Vec::new()),
             pd_quota: Quota::new(MAX_PD, "max_pd protection domains exist"),
             cq_quota: Quota::new(MAX_CQ, "max_cq completion queues exist"),
             srq_quota: Quota::new(MAX_SRQ, "max_srq shared receive queues exist"),
         });
-        crate::driver::progress::spawn(Arc::downgrade(&shared), io)?;
         Ok(Context { shared })
     }
 

@@ -65,4 +65,16 @@ impl VerbsError {
     }
 }
 
+impl From<crate::driver::DriverError> for VerbsError {
+    fn from(e: crate::driver::DriverError) -> Self {
+        use crate::driver::DriverError as D;
+        match e {
+            D::NoResources(what) => VerbsError::NoResources(what),
+            D::Busy(what) => VerbsError::Busy(what),
+            D::CqOverrun => VerbsError::CqOverrun,
+            D::Io(e) => VerbsError::Io(e),
+        }
+    }
+}
+
 pub type Result<T, E = VerbsError> = std::result::Result<T, E>;

@@ -16,14 +16,13 @@ mod context;
 mod cq;
 mod device;
 mod error;
-mod event;
 mod mr;
 mod netif;
 mod pd;
 mod qp;
-mod quota;
 mod srq;
 
+pub use crate::driver::events::AsyncEvent;
 pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;
 pub use context::{Context, ContextOptions};
@@ -32,7 +31,6 @@ pub use device::{
     devices, gid_from_ipv4, ipv4_from_gid, AtomicCap, Device, DeviceAttr, PortAttr, PortState,
 };
 pub use error::{Result, VerbsError};
-pub use event::AsyncEvent;
 pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;
 pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr, UdSend, UdSendWr};
@@ -47,7 +45,3 @@ pub use crate::transport::{
 };
 
 pub(crate) use context::Shared;
-pub(crate) use cq::CqShared;
-pub(crate) use event::AsyncQueue;
-pub(crate) use mr::MrTable;
-pub(crate) use srq::SrqShared;

@@ -465,7 +465,7 @@ impl QueuePair {
 impl Drop for QueuePair {
     /// `ibv_destroy_qp`: the QP stops at once; packets for it are dropped from now on.
     fn drop(&mut self) {
-        if super::mr::guards_held() {
+        if crate::driver::memory::guards_held() {
             // The engine's holder may be waiting for a region this thread has locked: do not
             // wait for the engine; the next drive removes the QP.
             match self.shared.engine.try_lock() {

@@ -5,16 +5,15 @@
 //! [`QpInitAttr::srq`](super::QpInitAttr::srq)) take their receive WQEs from it; each receive
 //! completion goes to the receiving QP's receive CQ and names that QP (`qp_num`).
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 
 use super::context::Shared;
 use super::device::{MAX_SRQ_SGE, MAX_SRQ_WR};
 use super::error::{Result, VerbsError};
-use super::event::{AsyncEvent, AsyncQueue};
 use super::pd::ProtectionDomain;
 use super::qp::RecvWr;
-use super::quota::QuotaSlot;
+pub(crate) use crate::driver::srq::SrqShared;
 use crate::transport::{RecvWqe, Srq, SrqError};
 
 /// `struct ibv_srq_init_attr` (its `attr`).
@@ -35,35 +34,6 @@ pub struct SrqAttr {
     pub max_sge: u32,
     /// The armed limit; 0 when the limit event is not armed.
     pub srq_limit: u32,
-}
-
-/// The SRQ's state, shared by its handle and the engine slots of the QPs that use it (as a
-/// CQ's is): the engine locks it, under the engine lock, while it feeds one of those QPs a
-/// packet.
-pub(crate) struct SrqShared {
-    /// This SRQ's share of `max_srq`, held until the handle and the last QP let go of it.
-    _slot: QuotaSlot,
-    pub id: u32,
-    pub pd: u32,
-    state: Mutex<Srq>,
-    /// QPs using this SRQ.
-    pub(crate) qp_refs: AtomicU32,
-    async_events: Arc<AsyncQueue>,
-}
-
-impl SrqShared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Srq> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// After the transport took WQEs from `srq` (this SRQ, locked): raise
-    /// `IBV_EVENT_SRQ_LIMIT_REACHED` if a take fired the limit.
-    pub(crate) fn raise_events(&self, srq: &mut Srq) {
-        if srq.take_limit_event() {
-            self.async_events
-                .push(AsyncEvent::SrqLimitReached { srq: self.id });
-        }
-    }
 }
 
 /// A shared receive queue. Dropping it destroys it (`ibv_destroy_srq`); QPs still using it keep
@@ -91,14 +61,13 @@ impl SharedReceiveQueue {
             return Err(VerbsError::InvalidArgument("max_sge above max_srq_sge"));
         }
         let srq = Srq::new(attr.max_wr, attr.max_sge.max(1), attr.srq_limit).map_err(invalid)?;
-        let inner = Arc::new(SrqShared {
-            _slot: pd.shared.srq_quota.take()?,
-            id: pd.shared.next_id(),
-            pd: pd.id,
-            state: Mutex::new(srq),
-            qp_refs: AtomicU32::new(0),
-            async_events: pd.shared.async_events.clone(),
-        });
+        let inner = Arc::new(SrqShared::new(
+            pd.shared.srq_quota.take()?,
+            pd.shared.next_id(),
+            pd.id,
+            srq,
+            pd.shared.async_events.clone(),
+        ));
         Ok(SharedReceiveQueue {
             inner,
             shared: pd.shared.clone(),
@@ -109,7 +78,7 @@ impl SharedReceiveQueue {
     /// memory-region guard gets [`VerbsError::Busy`]: the engine may hold this SRQ while it
     /// waits for that very region.
     fn lock_for_verb(&self) -> Result<MutexGuard<'_, Srq>> {
-        if super::mr::guards_held() {
+        if crate::driver::memory::guards_held() {
             return Err(VerbsError::Busy(
                 "this thread holds a MemoryRegion::lock guard; drop it before calling this verb",
             ));

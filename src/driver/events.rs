@@ -12,8 +12,8 @@ pub enum AsyncEvent {
     /// `IBV_EVENT_QP_FATAL`: the QP went to the error state by itself (a transport error).
     QpFatal { qp_num: u32 },
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`: a WQE taken from the SRQ (its
-    /// [`id`](super::SharedReceiveQueue::id)) left fewer than its armed limit; the limit is
-    /// now disarmed (0) until [`modify`](super::SharedReceiveQueue::modify) arms it again.
+    /// [`id`](crate::verbs::SharedReceiveQueue::id)) left fewer than its armed limit; the limit is
+    /// now disarmed (0) until [`modify`](crate::verbs::SharedReceiveQueue::modify) arms it again.
     SrqLimitReached { srq: u32 },
     /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on a shared receive queue entered the error state
     /// (by a verb, the CM or a transport error); it takes no more WQEs from the SRQ.

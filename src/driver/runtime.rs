@@ -1,0 +1,197 @@
+//! The runtime of an open device (what `ibv_open_device` sets up under the verbs): the engine
+//! and the lock around it, the sockets, the memory table, the async event queue, and the wake
+//! planning between the application's threads and the progress thread.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::engine::Engine;
+use super::error::DriverError;
+use super::events::AsyncQueue;
+use super::memory::{guards_held, MrTable};
+use super::socket::Io;
+
+/// The runtime of one open device: its sockets, its engine (under a lock taken by whichever
+/// thread drives it: a busy-polling application or the progress thread), its memory table and
+/// async events, and the bookkeeping that keeps the progress thread out of a busy application's
+/// way and wakes it when a timer comes due earlier than it planned.
+pub(crate) struct Runtime {
+    pub mrs: MrTable,
+    pub engine: Mutex<Engine>,
+    pub io: Arc<Io>,
+    /// When an application thread last busy-polled (µs since `epoch`); while it polls, the
+    /// progress thread stays out of its way.
+    last_app_poll: AtomicU64,
+    /// The progress thread is standing aside for a busy-polling application.
+    progress_yielding: AtomicBool,
+    /// When the progress thread means to wake next (µs since `epoch`; `u64::MAX`: it is not
+    /// asleep on a timer, or there is none). Written and compared under the engine lock, so a
+    /// new, earlier deadline always wakes it.
+    planned_wake: AtomicU64,
+    epoch: Instant,
+    pub async_events: Arc<AsyncQueue>,
+    /// QPs dropped while the engine was busy (see `QueuePair`'s drop).
+    deferred_removals: Mutex<Vec<u32>>,
+}
+
+impl Runtime {
+    /// The runtime of the device whose sockets are `io`, driven by `engine`; its progress
+    /// thread is started by [`Runtime::start`].
+    pub(crate) fn new(io: Arc<Io>, engine: Engine) -> Runtime {
+        Runtime {
+            mrs: MrTable::default(),
+            engine: Mutex::new(engine),
+            io,
+            last_app_poll: AtomicU64::new(0),
+            progress_yielding: AtomicBool::new(false),
+            planned_wake: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+            async_events: Arc::new(AsyncQueue::default()),
+            deferred_removals: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Start the progress thread of `rt` (it ends when the runtime is dropped).
+    pub(crate) fn start(rt: &Arc<Runtime>) -> std::io::Result<()> {
+        super::progress::spawn(Arc::downgrade(rt), rt.io.clone())
+    }
+
+    pub(crate) fn lock_engine(&self) -> std::sync::MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The engine, for a verb called by the application. A thread that holds a memory-region
+    /// guard gets [`VerbsError::Busy`] instead: the engine's holder may be waiting for that
+    /// very region (a deadlock otherwise).
+    pub(crate) fn lock_engine_for_verb(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, Engine>, DriverError> {
+        if guards_held() {
+            return Err(DriverError::Busy(
+                "this thread holds a MemoryRegion::lock guard; drop it before calling this verb",
+            ));
+        }
+        Ok(self.lock_engine())
+    }
+
+    /// Drive the transport once, now, on this thread (unless it holds a memory-region guard:
+    /// then the progress thread does it).
+    pub(crate) fn drive(&self) {
+        if guards_held() {
+            self.io.wake();
+            return;
+        }
+        let mut e = self.lock_engine();
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        self.kick_if_earlier(e.next_deadline());
+    }
+
+    /// Drive once, reading the forward sockets too (something arrived on one: see
+    /// `driver::forward`).
+    pub(crate) fn drive_forwarded(&self) {
+        if guards_held() {
+            self.io.wake();
+            return;
+        }
+        let mut e = self.lock_engine();
+        e.force_fwd_check();
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        self.kick_if_earlier(e.next_deadline());
+    }
+
+    /// Drive once unless another thread is driving already (the busy-poll path).
+    pub(crate) fn try_drive(&self) {
+        if guards_held() {
+            // This thread may not drive (see `MrGuard`); nor may it keep the progress thread
+            // standing aside.
+            return;
+        }
+        let t = self.epoch.elapsed().as_micros() as u64;
+        self.last_app_poll.store(t, Ordering::Relaxed);
+        let mut e = match self.engine.try_lock() {
+            Ok(e) => e,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        self.remove_deferred(&mut e);
+        e.app_driving = true;
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        e.app_driving = false;
+        self.kick_if_earlier(e.next_deadline());
+    }
+
+    pub(crate) fn defer_qp_removal(&self, qpn: u32) {
+        self.deferred_removals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(qpn);
+        self.io.wake();
+    }
+
+    fn remove_deferred(&self, e: &mut Engine) {
+        let mut d = self
+            .deferred_removals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for qpn in d.drain(..) {
+            e.remove_qp(qpn);
+        }
+    }
+
+    fn micros(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_micros() as u64
+    }
+
+    /// Called by the progress thread under the engine lock before it sleeps until `deadline`.
+    pub(crate) fn plan_wake(&self, deadline: Instant) {
+        self.planned_wake
+            .store(self.micros(deadline).max(1), Ordering::Relaxed);
+    }
+
+    /// Called by the progress thread under the engine lock when it woke up.
+    pub(crate) fn woke(&self) {
+        self.planned_wake.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// Under the engine lock: wake the progress thread if a timer is now due before it planned
+    /// to look (so retransmission and RNR waits run on time while the application sleeps).
+    pub(crate) fn kick_if_earlier(&self, deadline: Option<Instant>) {
+        if let Some(d) = deadline {
+            let planned = self.planned_wake.load(Ordering::Relaxed);
+            if planned != u64::MAX && self.micros(d) < planned {
+                self.io.wake();
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// True while an application thread has busy-polled within `window`.
+    pub(crate) fn app_polling(&self, window: Duration) -> bool {
+        let last = self.last_app_poll.load(Ordering::SeqCst);
+        let now = self.epoch.elapsed().as_micros() as u64;
+        last != 0 && now.saturating_sub(last) < window.as_micros() as u64
+    }
+
+    /// The application is about to sleep (it armed a CQ or blocks on a channel): the progress
+    /// thread must not stand aside any longer. (SeqCst pairs with [`Runtime::set_yielding`]: one
+    /// of the two sides sees the other's store.)
+    pub(crate) fn app_blocking(&self) {
+        self.last_app_poll.store(0, Ordering::SeqCst);
+        if self.progress_yielding.load(Ordering::SeqCst) {
+            self.io.wake();
+        }
+    }
+
+    /// The progress thread stands aside (`true`) or resumes (`false`).
+    pub(crate) fn set_yielding(&self, on: bool) {
+        self.progress_yielding.store(on, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.io.shutdown();
+    }
+}
