@@ -8,6 +8,7 @@
 
 pub mod cm;
 pub(crate) mod driver;
+pub(crate) mod endpoint;
 pub mod rdma_cm;
 pub mod transport;
 pub mod verbs;

@@ -16,6 +16,7 @@
 //! ID, 0, 1, 2, … (`inet_gso_segment`), so segment `k` of a run is built with ID `k`
 //! ([`TxBatch::next_id`]).
 
+use crate::endpoint::receive::RxInfo;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;
@@ -87,15 +88,6 @@ pub(crate) fn enable_v6_header_info(fd: RawFd) {
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
 struct CmsgBuf([u8; 128]);
-
-/// What a received datagram's control messages told about its IPv6 header (zero over IPv4).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
-pub(crate) struct RxInfo {
-    pub traffic_class: u8,
-    pub flow_label: u32,
-    /// 0 when the kernel did not say.
-    pub hop_limit: u8,
-}
 
 /// Receive buffers and the datagrams found in them.
 pub(crate) struct RxBatch {

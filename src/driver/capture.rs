@@ -125,3 +125,13 @@ impl Drop for Capture {
         let _ = w.out.flush();
     }
 }
+
+impl crate::endpoint::receive::Tap for Capture {
+    fn record(&mut self, ip_udp: &[u8], payload: &[u8], received: bool) {
+        if let Ok(h) = <&[u8; IPV4_LEN + UDP_LEN]>::try_from(ip_udp) {
+            Capture::record(self, h, payload, received);
+        } else if let Ok(h) = <&[u8; IPV6_LEN + UDP_LEN]>::try_from(ip_udp) {
+            self.record_v6(h, payload, received);
+        }
+    }
+}

@@ -100,21 +100,6 @@ pub(crate) fn parse_datagram(env: &[u8], v4: bool) -> Option<(SocketAddr, &[u8],
     Some((SocketAddr::new(ip, port), net, data))
 }
 
-/// The slot of the context a CM MAD is for, as the steering program reads it (see
-/// [`super::steer`]): the top byte of the SIDR_REP's request ID, of the remote comm ID of
-/// every other message but REQ and SIDR_REQ (which go by their Service ID: `None`).
-pub(crate) fn mad_owner(mad: &[u8]) -> Option<u8> {
-    const ATTR_REQ: u16 = 0x0010;
-    const ATTR_SIDR_REQ: u16 = 0x0017;
-    const ATTR_SIDR_REP: u16 = 0x0018;
-    let attr = u16::from_be_bytes([*mad.get(16)?, *mad.get(17)?]);
-    match attr {
-        ATTR_REQ | ATTR_SIDR_REQ => None,
-        ATTR_SIDR_REP => mad.get(24).copied(),
-        _ => mad.get(28).copied(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,19 +144,5 @@ mod tests {
         );
         // Truncated: the header claims more than there is.
         assert!(parse_datagram(&env[..40], false).is_none());
-    }
-
-    #[test]
-    fn mad_owner_reads_what_the_steering_reads() {
-        let mut mad = [0u8; MAD_LEN];
-        mad[16..18].copy_from_slice(&0x0013u16.to_be_bytes()); // REP
-        mad[28] = 7;
-        assert_eq!(mad_owner(&mad), Some(7));
-        mad[16..18].copy_from_slice(&0x0018u16.to_be_bytes()); // SIDR_REP
-        mad[24] = 9;
-        assert_eq!(mad_owner(&mad), Some(9));
-        mad[16..18].copy_from_slice(&0x0010u16.to_be_bytes()); // REQ
-        assert_eq!(mad_owner(&mad), None);
-        assert_eq!(mad_owner(&mad[..10]), None);
     }
 }

@@ -3,24 +3,15 @@
 
 pub(crate) mod batch;
 pub(crate) mod capture;
-pub(crate) mod channel;
-pub(crate) mod cq;
 pub(crate) mod engine;
-pub(crate) mod error;
-pub(crate) mod events;
 pub(crate) mod forward;
-pub(crate) mod gids;
-pub(crate) mod memory;
 pub(crate) mod probe;
 pub(crate) mod progress;
-pub(crate) mod quota;
 pub(crate) mod runtime;
 pub(crate) mod share;
 pub(crate) mod sockaddr;
 pub(crate) mod socket;
-pub(crate) mod srq;
 pub(crate) mod steer;
 pub(crate) mod tx;
 
 pub use engine::Stats;
-pub use error::DriverError;

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
-use super::error::DriverError;
-use super::events::AsyncQueue;
-use super::memory::{guards_held, MrTable};
 use super::socket::Io;
+use crate::endpoint::error::EndpointError;
+use crate::endpoint::events::AsyncQueue;
+use crate::endpoint::memory::{guards_held, MrTable};
 
 /// The runtime of one open device: its sockets, its engine (under a lock taken by whichever
 /// thread drives it: a busy-polling application or the progress thread), its memory table and
@@ -66,9 +66,9 @@ impl Runtime {
     /// very region (a deadlock otherwise).
     pub(crate) fn lock_engine_for_verb(
         &self,
-    ) -> Result<std::sync::MutexGuard<'_, Engine>, DriverError> {
+    ) -> Result<std::sync::MutexGuard<'_, Engine>, EndpointError> {
         if guards_held() {
-            return Err(DriverError::Busy(
+            return Err(EndpointError::Busy(
                 "this thread holds a MemoryRegion::lock guard; drop it before calling this verb",
             ));
         }

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::gids::GidTable;
 use super::share::{Joiner, Share};
+use crate::endpoint::gids::GidTable;
 use crate::wire::ROCE_V2_PORT;
 
 /// One bound socket of the endpoint.

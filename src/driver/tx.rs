@@ -7,36 +7,56 @@ use std::os::fd::RawFd;
 
 use super::batch::TxBatch;
 use super::capture::Capture;
-use super::engine::Stats;
-use super::gids::Route;
+use crate::endpoint::gids::Route;
+use crate::endpoint::transmit::TxSink;
 use crate::wire::ipv4::{Ipv4Udp, IPV4_LEN, UDP_LEN};
 use crate::wire::ipv6::{Ipv6Udp, IPV6_LEN};
 use crate::wire::{icrc, ROCE_V2_PORT};
 
-/// Where [`super::engine::Engine::flush_qp`] sends: a batch for the sockets, the capture, the
-/// counters.
+/// The driver's [`TxSink`]: a batch for the sockets, the capture, and what was sent and dropped
+/// (for the endpoint's counters).
 pub(crate) struct Tx<'a> {
-    pub fds: &'a [RawFd],
-    pub capture: &'a mut Option<Capture>,
-    pub stats: &'a mut Stats,
-    pub batch: &'a mut TxBatch,
+    fds: &'a [RawFd],
+    capture: &'a mut Option<Capture>,
+    batch: &'a mut TxBatch,
+    pub sent: u64,
+    pub dropped: u64,
 }
 
-impl Tx<'_> {
+impl<'a> Tx<'a> {
+    pub fn new(fds: &'a [RawFd], capture: &'a mut Option<Capture>, batch: &'a mut TxBatch) -> Self {
+        Tx {
+            fds,
+            capture,
+            batch,
+            sent: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Send what is queued (`sendmmsg`, GSO runs).
+    pub fn flush(&mut self) {
+        let r = self.batch.flush(self.fds);
+        self.sent += r.sent;
+        self.dropped += r.dropped;
+    }
+}
+
+impl TxSink for Tx<'_> {
     /// The buffer to build the next packet in (BTH to ICRC); sends the batch first if full.
-    pub fn buf(&mut self) -> &mut [u8] {
+    fn buf(&mut self) -> &mut [u8] {
         if self.batch.is_full() {
             self.flush();
         }
         self.batch.next_buf()
     }
 
-    /// Queue the `len` bytes built in [`Tx::buf`] along `route`, behind an IPv4 or IPv6 and
+    /// Queue the `len` bytes built in [`TxSink::buf`] along `route`, behind an IPv4 or IPv6 and
     /// UDP header as the kernel will write it (for the ICRC and the capture). No route (no
     /// peer, or no address of its family): dropped.
-    pub fn commit(&mut self, len: usize, route: Option<Route>) {
+    fn commit(&mut self, len: usize, route: Option<Route>) {
         let Some(route) = route else {
-            self.stats.tx_dropped += 1;
+            self.dropped += 1;
             return;
         };
         let pkt = &mut self.batch.next_buf()[..len];
@@ -68,17 +88,10 @@ impl Tx<'_> {
                 }
             }
             _ => {
-                self.stats.tx_dropped += 1;
+                self.dropped += 1;
                 return;
             }
         }
         self.batch.push(len, route.sock, route.to, qpn);
-    }
-
-    /// Send what is queued (`sendmmsg`, GSO runs).
-    pub fn flush(&mut self) {
-        let r = self.batch.flush(self.fds);
-        self.stats.tx_packets += r.sent;
-        self.stats.tx_dropped += r.dropped;
     }
 }

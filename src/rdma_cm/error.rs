@@ -52,8 +52,8 @@ impl CmaError {
 
 pub type Result<T> = std::result::Result<T, CmaError>;
 
-impl From<crate::driver::DriverError> for CmaError {
-    fn from(e: crate::driver::DriverError) -> Self {
+impl From<crate::endpoint::EndpointError> for CmaError {
+    fn from(e: crate::endpoint::EndpointError) -> Self {
         CmaError::Verbs(e.into())
     }
 }

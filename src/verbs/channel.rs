@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::context::Shared;
 use super::cq::CompletionQueue;
 use super::error::{Result, VerbsError};
-pub(crate) use crate::driver::channel::ChannelShared;
+pub(crate) use crate::endpoint::channel::ChannelShared;
 
 /// A completion channel.
 pub struct CompletionChannel {

@@ -11,10 +11,10 @@ use super::device::*;
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
 use crate::driver::engine::{Engine, Stats};
-use crate::driver::events::AsyncEvent;
-use crate::driver::quota::Quota;
 use crate::driver::runtime::Runtime;
 use crate::driver::socket::Io;
+use crate::endpoint::events::AsyncEvent;
+use crate::endpoint::quota::Quota;
 
 /// An open device as the verbs see it: the runtime (dereferenced to) and what the API itself
 /// keeps: the device, the ids it hands out and the limits it enforces.

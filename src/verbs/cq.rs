@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::context::Shared;
 use super::error::{Result, VerbsError};
-pub(crate) use crate::driver::cq::CqShared;
+pub(crate) use crate::endpoint::cq::CqShared;
 use crate::transport::Completion;
 
 /// A work completion (`struct ibv_wc`).

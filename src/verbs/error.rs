@@ -65,9 +65,9 @@ impl VerbsError {
     }
 }
 
-impl From<crate::driver::DriverError> for VerbsError {
-    fn from(e: crate::driver::DriverError) -> Self {
-        use crate::driver::DriverError as D;
+impl From<crate::endpoint::EndpointError> for VerbsError {
+    fn from(e: crate::endpoint::EndpointError) -> Self {
+        use crate::endpoint::EndpointError as D;
         match e {
             D::NoResources(what) => VerbsError::NoResources(what),
             D::Busy(what) => VerbsError::Busy(what),

@@ -22,7 +22,7 @@ mod pd;
 mod qp;
 mod srq;
 
-pub use crate::driver::events::AsyncEvent;
+pub use crate::endpoint::events::AsyncEvent;
 pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;
 pub use context::{Context, ContextOptions};

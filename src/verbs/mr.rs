@@ -13,7 +13,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::{Result, VerbsError};
-use crate::driver::memory::{guard_released, guard_taken, lock_buf, Backing, MrInner, RawBase};
+use crate::endpoint::memory::{guard_released, guard_taken, lock_buf, Backing, MrInner, RawBase};
 use crate::transport::AccessFlags;
 
 /// A registered memory region (`struct ibv_mr`): over a buffer it owns, or over the caller's

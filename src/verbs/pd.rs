@@ -11,7 +11,7 @@ const MR_ALIGN: usize = 64;
 use super::mr::MemoryRegion;
 use super::qp::{QpInitAttr, QueuePair};
 use super::srq::{SharedReceiveQueue, SrqInitAttr};
-use crate::driver::quota::QuotaSlot;
+use crate::endpoint::quota::QuotaSlot;
 use crate::transport::AccessFlags;
 
 /// A protection domain (`struct ibv_pd`): memory regions and QPs of one PD see each other's

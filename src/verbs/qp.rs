@@ -11,7 +11,7 @@ use super::device::{MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE};
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
 use super::srq::{SharedReceiveQueue, SrqShared};
-use crate::driver::engine::{QpSlot, QpTransport};
+use crate::endpoint::qp::{QpSlot, QpTransport};
 use crate::transport::memory::gather_all;
 use crate::transport::ud::{UdDest, UdQp};
 use crate::transport::{
@@ -465,7 +465,7 @@ impl QueuePair {
 impl Drop for QueuePair {
     /// `ibv_destroy_qp`: the QP stops at once; packets for it are dropped from now on.
     fn drop(&mut self) {
-        if crate::driver::memory::guards_held() {
+        if crate::endpoint::memory::guards_held() {
             // The engine's holder may be waiting for a region this thread has locked: do not
             // wait for the engine; the next drive removes the QP.
             match self.shared.engine.try_lock() {

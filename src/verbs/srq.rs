@@ -13,7 +13,7 @@ use super::device::{MAX_SRQ_SGE, MAX_SRQ_WR};
 use super::error::{Result, VerbsError};
 use super::pd::ProtectionDomain;
 use super::qp::RecvWr;
-pub(crate) use crate::driver::srq::SrqShared;
+pub(crate) use crate::endpoint::srq::SrqShared;
 use crate::transport::{RecvWqe, Srq, SrqError};
 
 /// `struct ibv_srq_init_attr` (its `attr`).
@@ -78,7 +78,7 @@ impl SharedReceiveQueue {
     /// memory-region guard gets [`VerbsError::Busy`]: the engine may hold this SRQ while it
     /// waits for that very region.
     fn lock_for_verb(&self) -> Result<MutexGuard<'_, Srq>> {
-        if crate::driver::memory::guards_held() {
+        if crate::endpoint::memory::guards_held() {
             return Err(VerbsError::Busy(
                 "this thread holds a MemoryRegion::lock guard; drop it before calling this verb",
             ));

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::channel::ChannelShared;
-use super::error::DriverError;
+use super::error::EndpointError;
 use super::events::{AsyncEvent, AsyncQueue};
 use super::quota::QuotaSlot;
 use crate::transport::{Completion, WcStatus};
@@ -104,10 +104,10 @@ impl CqShared {
         }
     }
 
-    pub(crate) fn pop_into(&self, out: &mut [Completion]) -> Result<usize, DriverError> {
+    pub(crate) fn pop_into(&self, out: &mut [Completion]) -> Result<usize, EndpointError> {
         let mut st = self.state();
         if st.overrun {
-            return Err(DriverError::CqOverrun);
+            return Err(EndpointError::CqOverrun);
         }
         let n = out.len().min(st.q.len());
         for (slot, c) in out.iter_mut().zip(st.q.drain(..n)) {
@@ -143,13 +143,13 @@ impl CqShared {
 
     /// `ibv_destroy_cq`'s checks, then mark it destroyed: refused while a QP uses it or channel
     /// events are unacknowledged.
-    pub(crate) fn destroy(&self) -> Result<(), DriverError> {
+    pub(crate) fn destroy(&self) -> Result<(), EndpointError> {
         if self.qp_refs.load(Ordering::Acquire) > 0 {
-            return Err(DriverError::Busy("CQ still used by a QP"));
+            return Err(EndpointError::Busy("CQ still used by a QP"));
         }
         let mut st = self.state();
         if st.events_acked < st.events_delivered {
-            return Err(DriverError::Busy("CQ has unacknowledged events"));
+            return Err(EndpointError::Busy("CQ has unacknowledged events"));
         }
         st.destroyed = true;
         Ok(())

@@ -1,9 +1,9 @@
-//! Errors of the driver: the device runtime under the Verbs API (which maps each to its own
+//! Errors of the device (its objects and runtime) under the Verbs API (which maps each to its own
 //! error, with the errno libibverbs would give).
 
 /// Why the device runtime refused something.
 #[derive(Debug, thiserror::Error)]
-pub enum DriverError {
+pub enum EndpointError {
     #[error("out of resources: {0}")]
     NoResources(&'static str),
     #[error("resource busy: {0}")]

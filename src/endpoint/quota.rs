@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::error::DriverError;
+use super::error::EndpointError;
 
 /// Live objects of one kind against the device's advertised maximum.
 pub(crate) struct Quota {
@@ -23,12 +23,12 @@ impl Quota {
     }
 
     /// A slot, or `NoResources` (ENOMEM, as rdma-core's providers answer) when all are taken.
-    pub fn take(self: &Arc<Self>) -> Result<QuotaSlot, DriverError> {
+    pub fn take(self: &Arc<Self>) -> Result<QuotaSlot, EndpointError> {
         self.live
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < self.max).then_some(n + 1)
             })
-            .map_err(|_| DriverError::NoResources(self.what))?;
+            .map_err(|_| EndpointError::NoResources(self.what))?;
         Ok(QuotaSlot(self.clone()))
     }
 }
