@@ -507,7 +507,7 @@ impl RcQp {
 
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
         // A WQE taken by a message in progress still occupies its slot.
-        let held = self.resp.rq.len() + self.resp.wqe.is_some() as usize + self.cq.recv_pending;
+        let held = self.resp.rq.len() + self.resp.msg.wqe.is_some() as usize + self.cq.recv_pending;
         check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
         if self.state == QpState::Err {
             self.push_completion(flush_recv(wqe.wr_id, self.attr.dest_qp_num.unwrap_or(0)));
@@ -538,7 +538,7 @@ impl RcQp {
         }
         self.req.idx = 0;
         self.req.pkt = 0;
-        let held = self.resp.wqe.take();
+        let held = self.resp.msg.wqe.take();
         let rq = std::mem::take(&mut self.resp.rq);
         let dest = self.attr.dest_qp_num.unwrap_or(0);
         for w in held.into_iter().chain(rq) {
