@@ -39,18 +39,19 @@
 
 use std::collections::VecDeque;
 
-use crate::transport::memory::{scatter, MemoryAccess};
+use crate::transport::inbound::{check_mtu_length, check_rkey, Inbound, WriteCursor};
+use crate::transport::memory::MemoryAccess;
 use crate::transport::modify::{attr_mask, attr_names, check_transition};
 use crate::transport::modify::{
     ACCESS, AV, CUR_STATE, DEST_QPN, PATH_MTU, PKEY, PORT, RQ_PSN, SQ_PSN,
 };
 use crate::transport::rc::{
     check_post_recv, check_send_wqe, complete, flush_recv, Cq, PostError, QpError, ReqEvent,
-    ReqParams, Requester, SendEntry,
+    ReqParams, Requester, RespError, SendEntry,
 };
 use crate::transport::srq::Srq;
 use crate::transport::types::*;
-use crate::wire::{bth, Kind, OpInfo, Packet, Position, Psn, Service};
+use crate::wire::{bth, Kind, OpInfo, Packet, Psn, Service};
 
 /// Required and optional attributes of a UC transition (IBA 11.2.4.2; the kernel's
 /// `qp_state_table` for `IB_QPT_UC`, without the alternate path and migration state, which
@@ -92,20 +93,6 @@ pub struct UcDrops {
     pub length: u64,
 }
 
-/// A message being received.
-#[derive(Clone, Copy, Debug)]
-enum InMsg {
-    /// SEND into the receive WQE at the head of the RQ; `off` bytes placed so far.
-    Send { off: u32 },
-    /// RDMA WRITE: next address, rkey, bytes still expected, total length.
-    Write {
-        va: u64,
-        rkey: u32,
-        resid: u32,
-        total: u32,
-    },
-}
-
 /// Why a message is dropped.
 #[derive(Clone, Copy, Debug)]
 enum DropReason {
@@ -115,12 +102,16 @@ enum DropReason {
     Length,
 }
 
-/// What the receiver made of a packet.
-enum RxOutcome {
-    Ok,
-    Drop(DropReason),
-    /// A local error on the receive WQE: it completed in error; the QP goes to ERR.
-    Fatal,
+impl DropReason {
+    /// What a failed step of the shared receive path means on UC: no receive WQE, an access
+    /// or key violation, or a length or format error drop the message (rxe: class D / E).
+    fn of(e: RespError) -> DropReason {
+        match e {
+            RespError::Rnr => DropReason::NoWqe,
+            RespError::QpAccess | RespError::Rkey => DropReason::Access,
+            _ => DropReason::Length,
+        }
+    }
 }
 
 /// The receiving half of a UC QP.
@@ -130,10 +121,8 @@ struct Receiver {
     epsn: Psn,
     /// The QP's own receive queue (unused when it takes WQEs from a shared receive queue).
     rq: VecDeque<RecvWqe>,
-    /// The receive WQE of the message in progress, taken when a message that needs one starts
-    /// (a SEND's first packet, a WRITE with immediate's last), held until it completes.
-    wqe: Option<RecvWqe>,
-    cur: Option<InMsg>,
+    /// The message in progress and the receive WQE it holds.
+    msg: Inbound,
     /// Throwing packets away until the next FIRST or ONLY (rxe's `drop_msg`).
     dropping: bool,
     drops: UcDrops,
@@ -143,20 +132,8 @@ impl Receiver {
     fn reset(&mut self, psn: Psn) {
         self.epsn = psn;
         self.rq.clear();
-        self.wqe = None;
-        self.cur = None;
+        self.msg = Inbound::default();
         self.dropping = false;
-    }
-
-    /// Take a receive WQE for a message: from the shared receive queue if the QP has one.
-    fn take_wqe(&mut self, srq: &mut Option<&mut Srq>) -> bool {
-        if self.wqe.is_none() {
-            self.wqe = match srq {
-                Some(s) => s.take(),
-                None => self.rq.pop_front(),
-            };
-        }
-        self.wqe.is_some()
     }
 
     /// Drop the message in progress and everything up to the next FIRST or ONLY. A receive WQE
@@ -171,18 +148,16 @@ impl Receiver {
         p: &RxParams,
         out: &mut dyn FnMut(Completion),
     ) {
-        self.cur = None;
+        self.msg.cur = None;
         self.dropping = true;
-        if let Some(w) = self.wqe.take() {
-            if srq {
-                let status = match why {
-                    DropReason::Access => WcStatus::RemAccessErr,
-                    _ => WcStatus::RemInvReqErr,
-                };
-                out(p.recv_wc(w.wr_id, status, WcOpcode::Recv, 0, None, false));
-            } else {
-                self.rq.push_front(w);
-            }
+        if srq {
+            let status = match why {
+                DropReason::Access => WcStatus::RemAccessErr,
+                _ => WcStatus::RemInvReqErr,
+            };
+            self.msg.fail_wqe(status, p.dest_qpn, out);
+        } else if let Some(w) = self.msg.wqe.take() {
+            self.rq.push_front(w);
         }
         let d = &mut self.drops;
         match why {
@@ -202,7 +177,7 @@ impl Receiver {
         info: &OpInfo,
         p: &RxParams,
         mem: &dyn MemoryAccess,
-        mut srq: Option<&mut Srq>,
+        srq: Option<&mut Srq>,
         out: &mut dyn FnMut(Completion),
     ) -> bool {
         let psn = pkt.bth.psn;
@@ -224,32 +199,33 @@ impl Receiver {
         }
         // rxe `check_op_seq` (UC): MIDDLE/LAST continue the message of their own kind; a
         // FIRST/ONLY starts a new one, abandoning one left unfinished.
-        match (self.cur, info.kind, starts) {
-            (Some(_), _, true) => {
+        if starts {
+            if self.msg.cur.is_some() {
                 self.drop_message(DropReason::Broken, on_srq, p, out);
                 self.dropping = false;
             }
-            (None, _, true)
-            | (Some(InMsg::Send { .. }), Kind::Send, false)
-            | (Some(InMsg::Write { .. }), Kind::RdmaWrite, false) => {}
-            _ => {
-                // A MIDDLE/LAST of the other kind, or with no message in progress.
-                self.drop_message(DropReason::Broken, on_srq, p, out);
-                return false;
-            }
+        } else if !self.msg.continues(info.kind) {
+            // A MIDDLE/LAST of the other kind, or with no message in progress.
+            self.drop_message(DropReason::Broken, on_srq, p, out);
+            return false;
         }
-        match self.execute(pkt, info, p, mem, &mut srq, out) {
-            RxOutcome::Ok => self.epsn = psn.add(1),
-            RxOutcome::Drop(why) => self.drop_message(why, on_srq, p, out),
-            RxOutcome::Fatal => {
-                self.cur = None;
+        match self.execute(pkt, info, p, mem, srq, out) {
+            Ok(()) => self.epsn = psn.add(1),
+            // A SEND that overflows its receive WQE or cannot be written to it completes the
+            // WQE with the RC responder's status for that error (class A): the QP fails.
+            Err(e @ (RespError::RecvTooLong | RespError::RecvProt)) => {
+                if let Some(status) = e.answer().status {
+                    self.msg.fail_wqe(status, p.dest_qpn, out);
+                }
+                self.msg.cur = None;
                 return true;
             }
+            Err(e) => self.drop_message(DropReason::of(e), on_srq, p, out),
         }
         false
     }
 
-    /// The checks in rxe's order (`check_op_valid`, `check_resource`, `check_length`,
+    /// The steps in rxe's order (`check_op_valid`, `check_resource`, `check_length`,
     /// `check_rkey`), then the packet's data.
     fn execute(
         &mut self,
@@ -257,122 +233,40 @@ impl Receiver {
         info: &OpInfo,
         p: &RxParams,
         mem: &dyn MemoryAccess,
-        srq: &mut Option<&mut Srq>,
+        srq: Option<&mut Srq>,
         out: &mut dyn FnMut(Completion),
-    ) -> RxOutcome {
+    ) -> Result<(), RespError> {
         let plen = pkt.payload.len();
         let ends = info.position.ends();
         let write = info.kind == Kind::RdmaWrite;
         // rxe `check_op_valid` (UC): a QP without REMOTE_WRITE drops WRITEs.
         if write && !p.access.contains(AccessFlags::REMOTE_WRITE) {
-            return RxOutcome::Drop(DropReason::Access);
+            return Err(RespError::QpAccess);
         }
         // rxe `check_resource`: a SEND, and a WRITE with immediate at its last packet (IBA
         // 9.4.3), take a receive WQE; none: class D (UC has no RNR NAK).
-        let needs_wqe = !write || (ends && pkt.immdt.is_some());
-        if needs_wqe && !self.take_wqe(srq) {
-            return RxOutcome::Drop(DropReason::NoWqe);
+        if !write || (ends && pkt.immdt.is_some()) {
+            self.msg.take_wqe(&mut self.rq, srq)?;
         }
-        // rxe `check_length`: FIRST and MIDDLE carry exactly the path MTU, LAST and ONLY at most.
-        let full = matches!(info.position, Position::First | Position::Middle);
-        if (full && plen != p.mtu) || plen > p.mtu {
-            return RxOutcome::Drop(DropReason::Length);
-        }
+        check_mtu_length(info.position, plen, p.mtu)?;
         if !write {
-            let wqe = self.wqe.as_ref().expect("taken above");
-            let off = match self.cur {
-                Some(InMsg::Send { off }) => off,
-                _ => 0,
-            };
-            let cap: u64 = wqe.sg_list.iter().map(|s| s.length as u64).sum();
-            let status = if off as u64 + plen as u64 > cap {
-                Some(WcStatus::LocLenErr)
-            } else if scatter(&wqe.sg_list, off as usize, pkt.payload, mem).is_err() {
-                Some(WcStatus::LocProtErr)
-            } else {
-                None
-            };
-            if let Some(status) = status {
-                let wqe = self.wqe.take().expect("held");
-                out(p.recv_wc(wqe.wr_id, status, WcOpcode::Recv, 0, None, false));
-                return RxOutcome::Fatal;
-            }
-            let off = off + plen as u32;
-            if ends {
-                let wqe = self.wqe.take().expect("held");
-                self.cur = None;
-                out(p.recv_wc(
-                    wqe.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::Recv,
-                    off,
-                    pkt.immdt,
-                    pkt.bth.solicited,
-                ));
-            } else {
-                self.cur = Some(InMsg::Send { off });
-            }
-            return RxOutcome::Ok;
+            return self.msg.execute(pkt, ends, None, mem, p.dest_qpn, out);
         }
         // rxe `check_rkey`: the RETH of the first packet against the region (a zero-length
         // WRITE needs no key), then every packet's length against what remains.
-        let (va, rkey, resid, total) = match self.cur {
-            Some(InMsg::Write {
-                va,
-                rkey,
-                resid,
-                total,
-            }) => (va, rkey, resid, total),
-            _ => {
-                let Some(reth) = pkt.reth else {
-                    return RxOutcome::Drop(DropReason::Length);
-                };
+        let w = match self.msg.write_cursor() {
+            Some(w) => w,
+            None => {
+                let reth = pkt.reth.ok_or(RespError::Length)?;
                 if reth.dma_len > 1 << 31 {
-                    return RxOutcome::Drop(DropReason::Length);
+                    return Err(RespError::Length);
                 }
-                if reth.dma_len > 0
-                    && mem
-                        .remote_check(
-                            reth.rkey,
-                            reth.va,
-                            reth.dma_len as u64,
-                            AccessFlags::REMOTE_WRITE,
-                        )
-                        .is_err()
-                {
-                    return RxOutcome::Drop(DropReason::Access);
-                }
-                (reth.va, reth.rkey, reth.dma_len, reth.dma_len)
+                check_rkey(mem, &reth, AccessFlags::REMOTE_WRITE)?;
+                WriteCursor::new(&reth)
             }
         };
-        if plen as u32 > resid || (ends && plen as u32 != resid) {
-            return RxOutcome::Drop(DropReason::Length);
-        }
-        if plen > 0 && mem.remote_write(rkey, va, pkt.payload).is_err() {
-            return RxOutcome::Drop(DropReason::Access);
-        }
-        if ends {
-            self.cur = None;
-            if let Some(imm) = pkt.immdt {
-                let wqe = self.wqe.take().expect("taken above");
-                out(p.recv_wc(
-                    wqe.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    total,
-                    Some(imm),
-                    pkt.bth.solicited,
-                ));
-            }
-        } else {
-            self.cur = Some(InMsg::Write {
-                va: va.wrapping_add(plen as u64),
-                rkey,
-                resid: resid - plen as u32,
-                total,
-            });
-        }
-        RxOutcome::Ok
+        w.check_len(plen, ends)?;
+        self.msg.execute(pkt, ends, Some(w), mem, p.dest_qpn, out)
     }
 }
 
@@ -381,28 +275,6 @@ struct RxParams {
     mtu: usize,
     dest_qpn: u32,
     access: AccessFlags,
-}
-
-impl RxParams {
-    fn recv_wc(
-        &self,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        byte_len: u32,
-        imm: Option<u32>,
-        solicited: bool,
-    ) -> Completion {
-        Completion::recv(
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm,
-            self.dest_qpn,
-            solicited,
-        )
-    }
 }
 
 /// One UC queue pair's transport state.
@@ -601,7 +473,7 @@ impl UcQp {
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
         // A WQE taken by a message in progress still occupies its slot.
-        let held = self.rx.rq.len() + self.rx.wqe.is_some() as usize + self.cq.recv_pending;
+        let held = self.rx.rq.len() + self.rx.msg.wqe.is_some() as usize + self.cq.recv_pending;
         check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
         if self.state == QpState::Err {
             let c = flush_recv(wqe.wr_id, self.dest_qpn());
@@ -629,11 +501,11 @@ impl UcQp {
         self.req.idx = 0;
         self.req.pkt = 0;
         let dest = self.dest_qpn();
-        let held = self.rx.wqe.take();
+        let held = self.rx.msg.wqe.take();
         for w in held.into_iter().chain(std::mem::take(&mut self.rx.rq)) {
             self.cq.push(flush_recv(w.wr_id, dest));
         }
-        self.rx.cur = None;
+        self.rx.msg.cur = None;
         self.rx.dropping = false;
     }
 
