@@ -41,13 +41,13 @@ use std::collections::VecDeque;
 
 use crate::transport::inbound::{check_mtu_length, check_rkey, Inbound, WriteCursor};
 use crate::transport::memory::MemoryAccess;
-use crate::transport::modify::{attr_mask, attr_names, check_transition};
+use crate::transport::modify::modify_connected;
 use crate::transport::modify::{
     ACCESS, AV, CUR_STATE, DEST_QPN, PATH_MTU, PKEY, PORT, RQ_PSN, SQ_PSN,
 };
 use crate::transport::rc::{
-    check_post_recv, check_send_wqe, complete, flush_recv, Cq, PostError, QpError, ReqEvent,
-    ReqParams, Requester, RespError, SendEntry,
+    check_post_recv, check_send_state, check_send_wqe, complete, flush_all, flush_recv,
+    query_connected, Cq, PostError, QpError, ReqEvent, ReqParams, Requester, RespError,
 };
 use crate::transport::srq::Srq;
 use crate::transport::types::*;
@@ -368,36 +368,7 @@ impl UcQp {
     /// attribute (timeouts, retry counts, RNR timer, READ/atomic depths) or `qkey` is refused.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), QpError> {
         let cur = self.state;
-        let next = check_transition(cur, attr, transition, attr_mask(attr), attr_names())?;
-        if attr.port_num.is_some_and(|v| v != 1) {
-            return Err(QpError::BadAttr("port_num"));
-        }
-        if attr.pkey_index.is_some_and(|v| v != 0) {
-            return Err(QpError::BadAttr("pkey_index"));
-        }
-        if attr.dest_qp_num.is_some_and(|v| v > 0x00ff_ffff) {
-            return Err(QpError::BadAttr("dest_qp_num"));
-        }
-        if attr.ah_attr.is_some_and(|av| av.port_num > 1) {
-            return Err(QpError::BadAttr("ah_attr.port_num"));
-        }
-        macro_rules! take {
-            ($($f:ident),*) => { $( if let Some(v) = attr.$f { self.attr.$f = Some(v); } )* };
-        }
-        take!(
-            path_mtu,
-            dest_qp_num,
-            qp_access_flags,
-            pkey_index,
-            port_num,
-            ah_attr
-        );
-        if let Some(p) = attr.rq_psn {
-            self.attr.rq_psn = Some(p & Psn::MASK);
-        }
-        if let Some(p) = attr.sq_psn {
-            self.attr.sq_psn = Some(p & Psn::MASK);
-        }
+        let next = modify_connected(cur, &mut self.attr, attr, transition, true)?;
         match (cur, next) {
             (_, QpState::Reset) => {
                 // Queues emptied without completions (the CQ keeps what it has).
@@ -422,17 +393,7 @@ impl UcQp {
 
     /// `ibv_query_qp`: the attributes that apply to UC.
     pub fn query(&self) -> QpAttr {
-        let mut a = self.attr;
-        a.qp_state = Some(self.state);
-        a.cur_qp_state = Some(self.state);
-        if matches!(self.state, QpState::Rts | QpState::Sqd) {
-            a.sq_psn = Some(self.req.max_psn.value());
-        }
-        if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            a.rq_psn = Some(self.rx.epsn.value());
-        }
-        a.sq_draining = Some(self.state == QpState::Sqd && self.req.outstanding());
-        a
+        query_connected(&self.attr, self.state, &self.req, self.rx.epsn)
     }
 
     /// The address vector set at INIT->RTR: where packets go, and whom they are taken from.
@@ -444,10 +405,7 @@ impl UcQp {
     /// atomics are refused ([`PostError::UnsupportedOp`], `EINVAL`), as the kernel's rxe refuses
     /// an opcode its table has no UC entry for.
     pub fn post_send(&mut self, wqe: SendWqe) -> Result<(), PostError> {
-        match self.state {
-            QpState::Rts | QpState::Sqd | QpState::Err => {}
-            s => return Err(PostError::InvalidState(s)),
-        }
+        check_send_state(self.state)?;
         if matches!(
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
@@ -455,19 +413,10 @@ impl UcQp {
             return Err(PostError::UnsupportedOp);
         }
         check_send_wqe(&wqe, &self.caps)?;
-        if self.req.sq.len() + self.cq.send_pending >= self.caps.max_send_wr as usize {
-            return Err(PostError::QueueFull);
-        }
-        let signaled = wqe.flags.signaled || self.sq_sig_all;
-        let e = SendEntry::new(wqe, signaled, self.mtu());
-        if self.state == QpState::Err {
-            // As RC: work posted to a QP in ERR is flushed at once.
-            let cq = &mut self.cq;
-            complete(&e, WcStatus::WrFlushErr, true, &mut |c| cq.push(c));
-            return Ok(());
-        }
-        self.req.sq.push_back(e);
-        Ok(())
+        let mtu = self.mtu();
+        let (caps, sig_all) = (&self.caps, self.sq_sig_all);
+        self.cq
+            .queue_send(&mut self.req, caps, self.state, sig_all, mtu, wqe)
     }
 
     /// `ibv_post_recv`.
@@ -489,22 +438,10 @@ impl UcQp {
     /// queue flushes only the WQE its message in progress took.
     fn enter_err(&mut self, fail: Option<(usize, WcStatus)>) {
         self.state = QpState::Err;
-        let sq = std::mem::take(&mut self.req.sq);
-        let cq = &mut self.cq;
-        for (i, e) in sq.iter().enumerate() {
-            let status = match fail {
-                Some((at, st)) if at == i => st,
-                _ => WcStatus::WrFlushErr,
-            };
-            complete(e, status, true, &mut |c| cq.push(c));
-        }
-        self.req.idx = 0;
-        self.req.pkt = 0;
-        let dest = self.dest_qpn();
         let held = self.rx.msg.wqe.take();
-        for w in held.into_iter().chain(std::mem::take(&mut self.rx.rq)) {
-            self.cq.push(flush_recv(w.wr_id, dest));
-        }
+        let rq = std::mem::take(&mut self.rx.rq);
+        let dest = self.dest_qpn();
+        flush_all(&mut self.req, fail, held, rq, dest, &mut self.cq);
         self.rx.msg.cur = None;
         self.rx.dropping = false;
     }
