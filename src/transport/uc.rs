@@ -554,6 +554,29 @@ mod tests {
         q
     }
 
+    /// A WRITE of `d` (more than 256 bytes) in two packets at MTU 256: FIRST at `psn` with
+    /// `reth`, LAST after it.
+    fn write_first_last(q: &mut UcQp, mem: &VecMemory, psn: u32, d: &[u8], reth: Option<Reth>) {
+        feed(q, mem, Opcode::UC_RDMA_WRITE_FIRST, psn, &d[..256], reth);
+        feed(q, mem, Opcode::UC_RDMA_WRITE_LAST, psn + 1, &d[256..], None);
+    }
+
+    /// `rts` at MTU 256 with receive WQE 5 posted: 1024 bytes of a region with `mr_access`.
+    fn with_recv(
+        mr_access: AccessFlags,
+        access: AccessFlags,
+    ) -> (VecMemory, crate::transport::sim::MemRegion, UcQp) {
+        let mem = VecMemory::new();
+        let mr = mem.register(4096, mr_access);
+        let mut q = rts(Mtu::Mtu256, access);
+        q.post_recv(RecvWqe {
+            wr_id: 5,
+            sg_list: vec![mr.sge(0, 1024)],
+        })
+        .unwrap();
+        (mem, mr, q)
+    }
+
     /// RESET -> INIT -> RTR -> RTS toward QP `DEST`, receiving from PSN 10, sending from
     /// 0xfffffe.
     fn bring_up(q: &mut UcQp, mtu: Mtu, access: AccessFlags) {
@@ -695,14 +718,7 @@ mod tests {
 
     #[test]
     fn a_gap_drops_the_message_and_keeps_the_receive_wqe() {
-        let mem = VecMemory::new();
-        let mr = mem.register(4096, AccessFlags::LOCAL_WRITE);
-        let mut q = rts(Mtu::Mtu256, AccessFlags::NONE);
-        q.post_recv(RecvWqe {
-            wr_id: 5,
-            sg_list: vec![mr.sge(0, 1024)],
-        })
-        .unwrap();
+        let (mem, mr, mut q) = with_recv(AccessFlags::LOCAL_WRITE, AccessFlags::NONE);
         let d = pattern(2, 600);
         // FIRST at 10, MIDDLE 11 lost, LAST 12: dropped, no completion.
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 10, &d[..256], None);
@@ -742,14 +758,7 @@ mod tests {
 
     #[test]
     fn a_new_first_abandons_an_unfinished_message() {
-        let mem = VecMemory::new();
-        let mr = mem.register(4096, AccessFlags::LOCAL_WRITE);
-        let mut q = rts(Mtu::Mtu256, AccessFlags::NONE);
-        q.post_recv(RecvWqe {
-            wr_id: 5,
-            sg_list: vec![mr.sge(0, 1024)],
-        })
-        .unwrap();
+        let (mem, _, mut q) = with_recv(AccessFlags::LOCAL_WRITE, AccessFlags::NONE);
         let d = pattern(2, 600);
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 10, &d[..256], None);
         // The LAST of that message and the FIRST of the next are lost; this ONLY is intact.
@@ -762,14 +771,7 @@ mod tests {
 
     #[test]
     fn out_of_sequence_opcodes_drop_the_message() {
-        let mem = VecMemory::new();
-        let mr = mem.register(4096, AccessFlags(0xf));
-        let mut q = rts(Mtu::Mtu256, AccessFlags::REMOTE_WRITE);
-        q.post_recv(RecvWqe {
-            wr_id: 5,
-            sg_list: vec![mr.sge(0, 1024)],
-        })
-        .unwrap();
+        let (mem, _, mut q) = with_recv(AccessFlags(0xf), AccessFlags::REMOTE_WRITE);
         let d = pattern(2, 600);
         // A WRITE packet in the middle of a SEND, at the expected PSN.
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 10, &d[..256], None);
@@ -799,22 +801,7 @@ mod tests {
             })
         };
         // An rkey without REMOTE_WRITE: the FIRST and the rest are dropped.
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_FIRST,
-            10,
-            &d[..256],
-            reth(&ro, 300),
-        );
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_LAST,
-            11,
-            &d[256..],
-            None,
-        );
+        write_first_last(&mut q, &mem, 10, &d, reth(&ro, 300));
         // Out of range.
         let mut r = reth(&rw, 300);
         r.as_mut().unwrap().va = rw.addr + 4000;
@@ -840,22 +827,7 @@ mod tests {
             }
         );
         // The QP is fine, and a good WRITE lands.
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_FIRST,
-            14,
-            &d[..256],
-            reth(&rw, 300),
-        );
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_LAST,
-            15,
-            &d[256..],
-            None,
-        );
+        write_first_last(&mut q, &mem, 14, &d, reth(&rw, 300));
         assert_eq!(mem.read(rw.addr, 300), d);
         assert!(comps(&mut q).is_empty());
         assert_eq!(q.state(), QpState::Rts);

@@ -661,16 +661,34 @@ impl RcQp {
                 self.probe_resume = self.req.next_psn;
             }
             self.probe_chained = false;
-            let una = self.req.una;
-            self.req.seek(una);
-            self.probe_rd = self
-                .req
-                .sq
-                .get(self.req.idx)
-                .is_some_and(|e| e.is_rd_atomic());
-            self.req.probe = Probe::Due;
+            self.probe_oldest();
         }
         self.arm_probe(now);
+    }
+
+    /// The next probe is the oldest unacknowledged packet itself: the cursor goes back to it,
+    /// and nothing more is sent until it is answered.
+    fn probe_oldest(&mut self) {
+        let una = self.req.una;
+        self.req.seek(una);
+        self.probe_rd = self
+            .req
+            .sq
+            .get(self.req.idx)
+            .is_some_and(|e| e.is_rd_atomic());
+        self.req.probe = Probe::Due;
+    }
+
+    /// The cursor goes back to where the probe found it, or to the oldest unacknowledged PSN
+    /// if that is past it.
+    fn resume_after_probe(&mut self) {
+        let una = self.req.una;
+        let resume = if self.probe_resume.before(una) {
+            una
+        } else {
+            self.probe_resume
+        };
+        self.req.seek(resume);
     }
 
     /// Progress while a probe is out. The responder answers a probe it takes in sequence
@@ -687,12 +705,7 @@ impl RcQp {
             Probe::Last => self.req.probe = Probe::Off,
             Probe::Due => {
                 self.req.probe = Probe::Off;
-                let resume = if self.probe_resume.before(self.req.una) {
-                    self.req.una
-                } else {
-                    self.probe_resume
-                };
-                self.req.seek(resume);
+                self.resume_after_probe();
             }
             Probe::Sent => {
                 self.req.probe = Probe::Off;
@@ -707,20 +720,9 @@ impl RcQp {
                     // the responder silent); a duplicate again, they were only late.
                     self.probe_chained = true;
                     self.stats.probes += 1;
-                    self.req.seek(una);
-                    self.probe_rd = self
-                        .req
-                        .sq
-                        .get(self.req.idx)
-                        .is_some_and(|e| e.is_rd_atomic());
-                    self.req.probe = Probe::Due;
+                    self.probe_oldest();
                 } else {
-                    let resume = if self.probe_resume.before(una) {
-                        una
-                    } else {
-                        self.probe_resume
-                    };
-                    self.req.seek(resume);
+                    self.resume_after_probe();
                 }
             }
         }
