@@ -5,6 +5,10 @@
 
 use super::rc::QpError;
 use super::types::{QpAttr, QpState};
+use crate::wire::Psn;
+
+/// Most READ/atomic requests outstanding either way (rxe: RXE_MAX_QP_RD_ATOM = 128).
+const MAX_RD_ATOMIC: u8 = 128;
 
 /// Check `attr` against the transition table of a QP type and return the next state.
 /// `transition(from, to)` gives the (required, optional) attribute masks of a legal transition;
@@ -38,6 +42,76 @@ pub(crate) fn check_transition(
         if mask & bit != 0 && (required | optional) & bit == 0 {
             return Err(QpError::UnexpectedAttr(name));
         }
+    }
+    Ok(next)
+}
+
+/// `ibv_modify_qp` on a connected QP (RC and UC): [`check_transition`] against the QP type's
+/// table, the attributes' ranges (IBA 11.2.4.2, rxe_qp_chk_attr), then the values given are
+/// stored into `stored` (PSNs masked to 24 bits). `pkey_index_zero`: refuse any P_Key index
+/// but 0 (UC checks it, RC leaves it to the partition check on each packet). Attributes a QP
+/// type's table does not allow are refused by the transition check before their ranges
+/// matter. Returns the next state; nothing is stored on error.
+pub(crate) fn modify_connected(
+    cur: QpState,
+    stored: &mut QpAttr,
+    attr: &QpAttr,
+    transition: impl Fn(QpState, QpState) -> Option<(u32, u32)>,
+    pkey_index_zero: bool,
+) -> Result<QpState, QpError> {
+    let next = check_transition(cur, attr, transition, attr_mask(attr), attr_names())?;
+    let bad = [
+        ("retry_cnt", attr.retry_cnt.is_some_and(|v| v > 7)),
+        ("rnr_retry", attr.rnr_retry.is_some_and(|v| v > 7)),
+        ("timeout", attr.timeout.is_some_and(|v| v > 31)),
+        ("min_rnr_timer", attr.min_rnr_timer.is_some_and(|v| v > 31)),
+        ("port_num", attr.port_num.is_some_and(|v| v != 1)),
+        (
+            "pkey_index",
+            pkey_index_zero && attr.pkey_index.is_some_and(|v| v != 0),
+        ),
+        (
+            "max_rd_atomic",
+            attr.max_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC),
+        ),
+        (
+            "max_dest_rd_atomic",
+            attr.max_dest_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC),
+        ),
+        (
+            "dest_qp_num",
+            attr.dest_qp_num.is_some_and(|v| v > 0x00ff_ffff),
+        ),
+        (
+            "ah_attr.port_num",
+            attr.ah_attr.is_some_and(|av| av.port_num > 1),
+        ),
+    ];
+    if let Some((name, _)) = bad.iter().find(|(_, b)| *b) {
+        return Err(QpError::BadAttr(name));
+    }
+    macro_rules! take {
+        ($($f:ident),*) => { $( if let Some(v) = attr.$f { stored.$f = Some(v); } )* };
+    }
+    take!(
+        path_mtu,
+        dest_qp_num,
+        qp_access_flags,
+        pkey_index,
+        port_num,
+        ah_attr,
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        min_rnr_timer,
+        max_rd_atomic,
+        max_dest_rd_atomic
+    );
+    if let Some(p) = attr.rq_psn {
+        stored.rq_psn = Some(p & Psn::MASK);
+    }
+    if let Some(p) = attr.sq_psn {
+        stored.sq_psn = Some(p & Psn::MASK);
     }
     Ok(next)
 }
@@ -112,4 +186,61 @@ pub(crate) fn attr_mask(a: &QpAttr) -> u32 {
     set(a.max_dest_rd_atomic.is_some(), MAX_DEST_RD);
     set(a.sq_draining.is_some(), SQ_DRAINING);
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn any(_: QpState, _: QpState) -> Option<(u32, u32)> {
+        Some((0, !0))
+    }
+
+    #[test]
+    fn ranges_checked_before_anything_is_stored() {
+        let to_init = |a: QpAttr| QpAttr {
+            qp_state: Some(QpState::Init),
+            ..a
+        };
+        let mut stored = QpAttr::default();
+        // P_Key index: UC refuses all but 0, RC takes it.
+        let pkey = to_init(QpAttr {
+            pkey_index: Some(1),
+            rq_psn: Some(0x0100_0005),
+            ..Default::default()
+        });
+        assert_eq!(
+            modify_connected(QpState::Reset, &mut stored, &pkey, any, true),
+            Err(QpError::BadAttr("pkey_index"))
+        );
+        assert_eq!(stored.pkey_index, None);
+        assert_eq!(
+            modify_connected(QpState::Reset, &mut stored, &pkey, any, false),
+            Ok(QpState::Init)
+        );
+        assert_eq!((stored.pkey_index, stored.rq_psn), (Some(1), Some(5)));
+        for (bad, name) in [
+            (
+                QpAttr {
+                    retry_cnt: Some(8),
+                    port_num: Some(2),
+                    ..Default::default()
+                },
+                "retry_cnt",
+            ),
+            (
+                QpAttr {
+                    max_dest_rd_atomic: Some(129),
+                    dest_qp_num: Some(1 << 24),
+                    ..Default::default()
+                },
+                "max_dest_rd_atomic",
+            ),
+        ] {
+            assert_eq!(
+                modify_connected(QpState::Reset, &mut stored, &to_init(bad), any, false),
+                Err(QpError::BadAttr(name))
+            );
+        }
+    }
 }

@@ -39,18 +39,19 @@
 
 use std::collections::VecDeque;
 
-use crate::transport::memory::{scatter, MemoryAccess};
-use crate::transport::modify::{attr_mask, attr_names, check_transition};
+use crate::transport::inbound::{check_mtu_length, check_rkey, Inbound, WriteCursor};
+use crate::transport::memory::MemoryAccess;
+use crate::transport::modify::modify_connected;
 use crate::transport::modify::{
     ACCESS, AV, CUR_STATE, DEST_QPN, PATH_MTU, PKEY, PORT, RQ_PSN, SQ_PSN,
 };
 use crate::transport::rc::{
-    check_post_recv, check_send_wqe, complete, flush_recv, Cq, PostError, QpError, ReqEvent,
-    ReqParams, Requester, SendEntry,
+    check_post_recv, check_send_state, check_send_wqe, complete, flush_all, flush_recv,
+    query_connected, Cq, PostError, QpError, ReqEvent, ReqParams, Requester, RespError,
 };
 use crate::transport::srq::Srq;
 use crate::transport::types::*;
-use crate::wire::{bth, Kind, OpInfo, Packet, Position, Psn, Service};
+use crate::wire::{bth, Kind, OpInfo, Packet, Psn, Service};
 
 /// Required and optional attributes of a UC transition (IBA 11.2.4.2; the kernel's
 /// `qp_state_table` for `IB_QPT_UC`, without the alternate path and migration state, which
@@ -92,20 +93,6 @@ pub struct UcDrops {
     pub length: u64,
 }
 
-/// A message being received.
-#[derive(Clone, Copy, Debug)]
-enum InMsg {
-    /// SEND into the receive WQE at the head of the RQ; `off` bytes placed so far.
-    Send { off: u32 },
-    /// RDMA WRITE: next address, rkey, bytes still expected, total length.
-    Write {
-        va: u64,
-        rkey: u32,
-        resid: u32,
-        total: u32,
-    },
-}
-
 /// Why a message is dropped.
 #[derive(Clone, Copy, Debug)]
 enum DropReason {
@@ -115,12 +102,16 @@ enum DropReason {
     Length,
 }
 
-/// What the receiver made of a packet.
-enum RxOutcome {
-    Ok,
-    Drop(DropReason),
-    /// A local error on the receive WQE: it completed in error; the QP goes to ERR.
-    Fatal,
+impl DropReason {
+    /// What a failed step of the shared receive path means on UC: no receive WQE, an access
+    /// or key violation, or a length or format error drop the message (rxe: class D / E).
+    fn of(e: RespError) -> DropReason {
+        match e {
+            RespError::Rnr => DropReason::NoWqe,
+            RespError::QpAccess | RespError::Rkey => DropReason::Access,
+            _ => DropReason::Length,
+        }
+    }
 }
 
 /// The receiving half of a UC QP.
@@ -130,10 +121,8 @@ struct Receiver {
     epsn: Psn,
     /// The QP's own receive queue (unused when it takes WQEs from a shared receive queue).
     rq: VecDeque<RecvWqe>,
-    /// The receive WQE of the message in progress, taken when a message that needs one starts
-    /// (a SEND's first packet, a WRITE with immediate's last), held until it completes.
-    wqe: Option<RecvWqe>,
-    cur: Option<InMsg>,
+    /// The message in progress and the receive WQE it holds.
+    msg: Inbound,
     /// Throwing packets away until the next FIRST or ONLY (rxe's `drop_msg`).
     dropping: bool,
     drops: UcDrops,
@@ -143,20 +132,8 @@ impl Receiver {
     fn reset(&mut self, psn: Psn) {
         self.epsn = psn;
         self.rq.clear();
-        self.wqe = None;
-        self.cur = None;
+        self.msg = Inbound::default();
         self.dropping = false;
-    }
-
-    /// Take a receive WQE for a message: from the shared receive queue if the QP has one.
-    fn take_wqe(&mut self, srq: &mut Option<&mut Srq>) -> bool {
-        if self.wqe.is_none() {
-            self.wqe = match srq {
-                Some(s) => s.take(),
-                None => self.rq.pop_front(),
-            };
-        }
-        self.wqe.is_some()
     }
 
     /// Drop the message in progress and everything up to the next FIRST or ONLY. A receive WQE
@@ -171,18 +148,16 @@ impl Receiver {
         p: &RxParams,
         out: &mut dyn FnMut(Completion),
     ) {
-        self.cur = None;
+        self.msg.cur = None;
         self.dropping = true;
-        if let Some(w) = self.wqe.take() {
-            if srq {
-                let status = match why {
-                    DropReason::Access => WcStatus::RemAccessErr,
-                    _ => WcStatus::RemInvReqErr,
-                };
-                out(p.recv_wc(w.wr_id, status, WcOpcode::Recv, 0, None, false));
-            } else {
-                self.rq.push_front(w);
-            }
+        if srq {
+            let status = match why {
+                DropReason::Access => WcStatus::RemAccessErr,
+                _ => WcStatus::RemInvReqErr,
+            };
+            self.msg.fail_wqe(status, p.dest_qpn, out);
+        } else if let Some(w) = self.msg.wqe.take() {
+            self.rq.push_front(w);
         }
         let d = &mut self.drops;
         match why {
@@ -202,7 +177,7 @@ impl Receiver {
         info: &OpInfo,
         p: &RxParams,
         mem: &dyn MemoryAccess,
-        mut srq: Option<&mut Srq>,
+        srq: Option<&mut Srq>,
         out: &mut dyn FnMut(Completion),
     ) -> bool {
         let psn = pkt.bth.psn;
@@ -224,32 +199,33 @@ impl Receiver {
         }
         // rxe `check_op_seq` (UC): MIDDLE/LAST continue the message of their own kind; a
         // FIRST/ONLY starts a new one, abandoning one left unfinished.
-        match (self.cur, info.kind, starts) {
-            (Some(_), _, true) => {
+        if starts {
+            if self.msg.cur.is_some() {
                 self.drop_message(DropReason::Broken, on_srq, p, out);
                 self.dropping = false;
             }
-            (None, _, true)
-            | (Some(InMsg::Send { .. }), Kind::Send, false)
-            | (Some(InMsg::Write { .. }), Kind::RdmaWrite, false) => {}
-            _ => {
-                // A MIDDLE/LAST of the other kind, or with no message in progress.
-                self.drop_message(DropReason::Broken, on_srq, p, out);
-                return false;
-            }
+        } else if !self.msg.continues(info.kind) {
+            // A MIDDLE/LAST of the other kind, or with no message in progress.
+            self.drop_message(DropReason::Broken, on_srq, p, out);
+            return false;
         }
-        match self.execute(pkt, info, p, mem, &mut srq, out) {
-            RxOutcome::Ok => self.epsn = psn.add(1),
-            RxOutcome::Drop(why) => self.drop_message(why, on_srq, p, out),
-            RxOutcome::Fatal => {
-                self.cur = None;
+        match self.execute(pkt, info, p, mem, srq, out) {
+            Ok(()) => self.epsn = psn.add(1),
+            // A SEND that overflows its receive WQE or cannot be written to it completes the
+            // WQE with the RC responder's status for that error (class A): the QP fails.
+            Err(e @ (RespError::RecvTooLong | RespError::RecvProt)) => {
+                if let Some(status) = e.answer().status {
+                    self.msg.fail_wqe(status, p.dest_qpn, out);
+                }
+                self.msg.cur = None;
                 return true;
             }
+            Err(e) => self.drop_message(DropReason::of(e), on_srq, p, out),
         }
         false
     }
 
-    /// The checks in rxe's order (`check_op_valid`, `check_resource`, `check_length`,
+    /// The steps in rxe's order (`check_op_valid`, `check_resource`, `check_length`,
     /// `check_rkey`), then the packet's data.
     fn execute(
         &mut self,
@@ -257,122 +233,40 @@ impl Receiver {
         info: &OpInfo,
         p: &RxParams,
         mem: &dyn MemoryAccess,
-        srq: &mut Option<&mut Srq>,
+        srq: Option<&mut Srq>,
         out: &mut dyn FnMut(Completion),
-    ) -> RxOutcome {
+    ) -> Result<(), RespError> {
         let plen = pkt.payload.len();
         let ends = info.position.ends();
         let write = info.kind == Kind::RdmaWrite;
         // rxe `check_op_valid` (UC): a QP without REMOTE_WRITE drops WRITEs.
         if write && !p.access.contains(AccessFlags::REMOTE_WRITE) {
-            return RxOutcome::Drop(DropReason::Access);
+            return Err(RespError::QpAccess);
         }
         // rxe `check_resource`: a SEND, and a WRITE with immediate at its last packet (IBA
         // 9.4.3), take a receive WQE; none: class D (UC has no RNR NAK).
-        let needs_wqe = !write || (ends && pkt.immdt.is_some());
-        if needs_wqe && !self.take_wqe(srq) {
-            return RxOutcome::Drop(DropReason::NoWqe);
+        if !write || (ends && pkt.immdt.is_some()) {
+            self.msg.take_wqe(&mut self.rq, srq)?;
         }
-        // rxe `check_length`: FIRST and MIDDLE carry exactly the path MTU, LAST and ONLY at most.
-        let full = matches!(info.position, Position::First | Position::Middle);
-        if (full && plen != p.mtu) || plen > p.mtu {
-            return RxOutcome::Drop(DropReason::Length);
-        }
+        check_mtu_length(info.position, plen, p.mtu)?;
         if !write {
-            let wqe = self.wqe.as_ref().expect("taken above");
-            let off = match self.cur {
-                Some(InMsg::Send { off }) => off,
-                _ => 0,
-            };
-            let cap: u64 = wqe.sg_list.iter().map(|s| s.length as u64).sum();
-            let status = if off as u64 + plen as u64 > cap {
-                Some(WcStatus::LocLenErr)
-            } else if scatter(&wqe.sg_list, off as usize, pkt.payload, mem).is_err() {
-                Some(WcStatus::LocProtErr)
-            } else {
-                None
-            };
-            if let Some(status) = status {
-                let wqe = self.wqe.take().expect("held");
-                out(p.recv_wc(wqe.wr_id, status, WcOpcode::Recv, 0, None, false));
-                return RxOutcome::Fatal;
-            }
-            let off = off + plen as u32;
-            if ends {
-                let wqe = self.wqe.take().expect("held");
-                self.cur = None;
-                out(p.recv_wc(
-                    wqe.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::Recv,
-                    off,
-                    pkt.immdt,
-                    pkt.bth.solicited,
-                ));
-            } else {
-                self.cur = Some(InMsg::Send { off });
-            }
-            return RxOutcome::Ok;
+            return self.msg.execute(pkt, ends, None, mem, p.dest_qpn, out);
         }
         // rxe `check_rkey`: the RETH of the first packet against the region (a zero-length
         // WRITE needs no key), then every packet's length against what remains.
-        let (va, rkey, resid, total) = match self.cur {
-            Some(InMsg::Write {
-                va,
-                rkey,
-                resid,
-                total,
-            }) => (va, rkey, resid, total),
-            _ => {
-                let Some(reth) = pkt.reth else {
-                    return RxOutcome::Drop(DropReason::Length);
-                };
+        let w = match self.msg.write_cursor() {
+            Some(w) => w,
+            None => {
+                let reth = pkt.reth.ok_or(RespError::Length)?;
                 if reth.dma_len > 1 << 31 {
-                    return RxOutcome::Drop(DropReason::Length);
+                    return Err(RespError::Length);
                 }
-                if reth.dma_len > 0
-                    && mem
-                        .remote_check(
-                            reth.rkey,
-                            reth.va,
-                            reth.dma_len as u64,
-                            AccessFlags::REMOTE_WRITE,
-                        )
-                        .is_err()
-                {
-                    return RxOutcome::Drop(DropReason::Access);
-                }
-                (reth.va, reth.rkey, reth.dma_len, reth.dma_len)
+                check_rkey(mem, &reth, AccessFlags::REMOTE_WRITE)?;
+                WriteCursor::new(&reth)
             }
         };
-        if plen as u32 > resid || (ends && plen as u32 != resid) {
-            return RxOutcome::Drop(DropReason::Length);
-        }
-        if plen > 0 && mem.remote_write(rkey, va, pkt.payload).is_err() {
-            return RxOutcome::Drop(DropReason::Access);
-        }
-        if ends {
-            self.cur = None;
-            if let Some(imm) = pkt.immdt {
-                let wqe = self.wqe.take().expect("taken above");
-                out(p.recv_wc(
-                    wqe.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    total,
-                    Some(imm),
-                    pkt.bth.solicited,
-                ));
-            }
-        } else {
-            self.cur = Some(InMsg::Write {
-                va: va.wrapping_add(plen as u64),
-                rkey,
-                resid: resid - plen as u32,
-                total,
-            });
-        }
-        RxOutcome::Ok
+        w.check_len(plen, ends)?;
+        self.msg.execute(pkt, ends, Some(w), mem, p.dest_qpn, out)
     }
 }
 
@@ -381,28 +275,6 @@ struct RxParams {
     mtu: usize,
     dest_qpn: u32,
     access: AccessFlags,
-}
-
-impl RxParams {
-    fn recv_wc(
-        &self,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        byte_len: u32,
-        imm: Option<u32>,
-        solicited: bool,
-    ) -> Completion {
-        Completion::recv(
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm,
-            self.dest_qpn,
-            solicited,
-        )
-    }
 }
 
 /// One UC queue pair's transport state.
@@ -496,36 +368,7 @@ impl UcQp {
     /// attribute (timeouts, retry counts, RNR timer, READ/atomic depths) or `qkey` is refused.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), QpError> {
         let cur = self.state;
-        let next = check_transition(cur, attr, transition, attr_mask(attr), attr_names())?;
-        if attr.port_num.is_some_and(|v| v != 1) {
-            return Err(QpError::BadAttr("port_num"));
-        }
-        if attr.pkey_index.is_some_and(|v| v != 0) {
-            return Err(QpError::BadAttr("pkey_index"));
-        }
-        if attr.dest_qp_num.is_some_and(|v| v > 0x00ff_ffff) {
-            return Err(QpError::BadAttr("dest_qp_num"));
-        }
-        if attr.ah_attr.is_some_and(|av| av.port_num > 1) {
-            return Err(QpError::BadAttr("ah_attr.port_num"));
-        }
-        macro_rules! take {
-            ($($f:ident),*) => { $( if let Some(v) = attr.$f { self.attr.$f = Some(v); } )* };
-        }
-        take!(
-            path_mtu,
-            dest_qp_num,
-            qp_access_flags,
-            pkey_index,
-            port_num,
-            ah_attr
-        );
-        if let Some(p) = attr.rq_psn {
-            self.attr.rq_psn = Some(p & Psn::MASK);
-        }
-        if let Some(p) = attr.sq_psn {
-            self.attr.sq_psn = Some(p & Psn::MASK);
-        }
+        let next = modify_connected(cur, &mut self.attr, attr, transition, true)?;
         match (cur, next) {
             (_, QpState::Reset) => {
                 // Queues emptied without completions (the CQ keeps what it has).
@@ -550,17 +393,7 @@ impl UcQp {
 
     /// `ibv_query_qp`: the attributes that apply to UC.
     pub fn query(&self) -> QpAttr {
-        let mut a = self.attr;
-        a.qp_state = Some(self.state);
-        a.cur_qp_state = Some(self.state);
-        if matches!(self.state, QpState::Rts | QpState::Sqd) {
-            a.sq_psn = Some(self.req.max_psn.value());
-        }
-        if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            a.rq_psn = Some(self.rx.epsn.value());
-        }
-        a.sq_draining = Some(self.state == QpState::Sqd && self.req.outstanding());
-        a
+        query_connected(&self.attr, self.state, &self.req, self.rx.epsn)
     }
 
     /// The address vector set at INIT->RTR: where packets go, and whom they are taken from.
@@ -572,10 +405,7 @@ impl UcQp {
     /// atomics are refused ([`PostError::UnsupportedOp`], `EINVAL`), as the kernel's rxe refuses
     /// an opcode its table has no UC entry for.
     pub fn post_send(&mut self, wqe: SendWqe) -> Result<(), PostError> {
-        match self.state {
-            QpState::Rts | QpState::Sqd | QpState::Err => {}
-            s => return Err(PostError::InvalidState(s)),
-        }
+        check_send_state(self.state)?;
         if matches!(
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
@@ -583,25 +413,16 @@ impl UcQp {
             return Err(PostError::UnsupportedOp);
         }
         check_send_wqe(&wqe, &self.caps)?;
-        if self.req.sq.len() + self.cq.send_pending >= self.caps.max_send_wr as usize {
-            return Err(PostError::QueueFull);
-        }
-        let signaled = wqe.flags.signaled || self.sq_sig_all;
-        let e = SendEntry::new(wqe, signaled, self.mtu());
-        if self.state == QpState::Err {
-            // As RC: work posted to a QP in ERR is flushed at once.
-            let cq = &mut self.cq;
-            complete(&e, WcStatus::WrFlushErr, true, &mut |c| cq.push(c));
-            return Ok(());
-        }
-        self.req.sq.push_back(e);
-        Ok(())
+        let mtu = self.mtu();
+        let (caps, sig_all) = (&self.caps, self.sq_sig_all);
+        self.cq
+            .queue_send(&mut self.req, caps, self.state, sig_all, mtu, wqe)
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
         // A WQE taken by a message in progress still occupies its slot.
-        let held = self.rx.rq.len() + self.rx.wqe.is_some() as usize + self.cq.recv_pending;
+        let held = self.rx.rq.len() + self.rx.msg.wqe.is_some() as usize + self.cq.recv_pending;
         check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
         if self.state == QpState::Err {
             let c = flush_recv(wqe.wr_id, self.dest_qpn());
@@ -617,23 +438,11 @@ impl UcQp {
     /// queue flushes only the WQE its message in progress took.
     fn enter_err(&mut self, fail: Option<(usize, WcStatus)>) {
         self.state = QpState::Err;
-        let sq = std::mem::take(&mut self.req.sq);
-        let cq = &mut self.cq;
-        for (i, e) in sq.iter().enumerate() {
-            let status = match fail {
-                Some((at, st)) if at == i => st,
-                _ => WcStatus::WrFlushErr,
-            };
-            complete(e, status, true, &mut |c| cq.push(c));
-        }
-        self.req.idx = 0;
-        self.req.pkt = 0;
+        let held = self.rx.msg.wqe.take();
+        let rq = std::mem::take(&mut self.rx.rq);
         let dest = self.dest_qpn();
-        let held = self.rx.wqe.take();
-        for w in held.into_iter().chain(std::mem::take(&mut self.rx.rq)) {
-            self.cq.push(flush_recv(w.wr_id, dest));
-        }
-        self.rx.cur = None;
+        flush_all(&mut self.req, fail, held, rq, dest, &mut self.cq);
+        self.rx.msg.cur = None;
         self.rx.dropping = false;
     }
 
@@ -743,6 +552,29 @@ mod tests {
         let mut q = UcQp::new(0x42, QpCaps::default(), false);
         bring_up(&mut q, mtu, access);
         q
+    }
+
+    /// A WRITE of `d` (more than 256 bytes) in two packets at MTU 256: FIRST at `psn` with
+    /// `reth`, LAST after it.
+    fn write_first_last(q: &mut UcQp, mem: &VecMemory, psn: u32, d: &[u8], reth: Option<Reth>) {
+        feed(q, mem, Opcode::UC_RDMA_WRITE_FIRST, psn, &d[..256], reth);
+        feed(q, mem, Opcode::UC_RDMA_WRITE_LAST, psn + 1, &d[256..], None);
+    }
+
+    /// `rts` at MTU 256 with receive WQE 5 posted: 1024 bytes of a region with `mr_access`.
+    fn with_recv(
+        mr_access: AccessFlags,
+        access: AccessFlags,
+    ) -> (VecMemory, crate::transport::sim::MemRegion, UcQp) {
+        let mem = VecMemory::new();
+        let mr = mem.register(4096, mr_access);
+        let mut q = rts(Mtu::Mtu256, access);
+        q.post_recv(RecvWqe {
+            wr_id: 5,
+            sg_list: vec![mr.sge(0, 1024)],
+        })
+        .unwrap();
+        (mem, mr, q)
     }
 
     /// RESET -> INIT -> RTR -> RTS toward QP `DEST`, receiving from PSN 10, sending from
@@ -886,14 +718,7 @@ mod tests {
 
     #[test]
     fn a_gap_drops_the_message_and_keeps_the_receive_wqe() {
-        let mem = VecMemory::new();
-        let mr = mem.register(4096, AccessFlags::LOCAL_WRITE);
-        let mut q = rts(Mtu::Mtu256, AccessFlags::NONE);
-        q.post_recv(RecvWqe {
-            wr_id: 5,
-            sg_list: vec![mr.sge(0, 1024)],
-        })
-        .unwrap();
+        let (mem, mr, mut q) = with_recv(AccessFlags::LOCAL_WRITE, AccessFlags::NONE);
         let d = pattern(2, 600);
         // FIRST at 10, MIDDLE 11 lost, LAST 12: dropped, no completion.
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 10, &d[..256], None);
@@ -933,14 +758,7 @@ mod tests {
 
     #[test]
     fn a_new_first_abandons_an_unfinished_message() {
-        let mem = VecMemory::new();
-        let mr = mem.register(4096, AccessFlags::LOCAL_WRITE);
-        let mut q = rts(Mtu::Mtu256, AccessFlags::NONE);
-        q.post_recv(RecvWqe {
-            wr_id: 5,
-            sg_list: vec![mr.sge(0, 1024)],
-        })
-        .unwrap();
+        let (mem, _, mut q) = with_recv(AccessFlags::LOCAL_WRITE, AccessFlags::NONE);
         let d = pattern(2, 600);
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 10, &d[..256], None);
         // The LAST of that message and the FIRST of the next are lost; this ONLY is intact.
@@ -953,14 +771,7 @@ mod tests {
 
     #[test]
     fn out_of_sequence_opcodes_drop_the_message() {
-        let mem = VecMemory::new();
-        let mr = mem.register(4096, AccessFlags(0xf));
-        let mut q = rts(Mtu::Mtu256, AccessFlags::REMOTE_WRITE);
-        q.post_recv(RecvWqe {
-            wr_id: 5,
-            sg_list: vec![mr.sge(0, 1024)],
-        })
-        .unwrap();
+        let (mem, _, mut q) = with_recv(AccessFlags(0xf), AccessFlags::REMOTE_WRITE);
         let d = pattern(2, 600);
         // A WRITE packet in the middle of a SEND, at the expected PSN.
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 10, &d[..256], None);
@@ -990,22 +801,7 @@ mod tests {
             })
         };
         // An rkey without REMOTE_WRITE: the FIRST and the rest are dropped.
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_FIRST,
-            10,
-            &d[..256],
-            reth(&ro, 300),
-        );
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_LAST,
-            11,
-            &d[256..],
-            None,
-        );
+        write_first_last(&mut q, &mem, 10, &d, reth(&ro, 300));
         // Out of range.
         let mut r = reth(&rw, 300);
         r.as_mut().unwrap().va = rw.addr + 4000;
@@ -1031,22 +827,7 @@ mod tests {
             }
         );
         // The QP is fine, and a good WRITE lands.
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_FIRST,
-            14,
-            &d[..256],
-            reth(&rw, 300),
-        );
-        feed(
-            &mut q,
-            &mem,
-            Opcode::UC_RDMA_WRITE_LAST,
-            15,
-            &d[256..],
-            None,
-        );
+        write_first_last(&mut q, &mem, 14, &d, reth(&rw, 300));
         assert_eq!(mem.read(rw.addr, 300), d);
         assert!(comps(&mut q).is_empty());
         assert_eq!(q.state(), QpState::Rts);

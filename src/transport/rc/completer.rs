@@ -4,7 +4,7 @@
 
 use crate::transport::memory::{scatter, MemoryAccess};
 use crate::transport::types::*;
-use crate::wire::{Kind, NakCode, Packet, Psn, Syndrome};
+use crate::wire::{Kind, NakCode, OpInfo, Packet, Psn, Syndrome};
 
 use super::requester::{Requester, SendEntry};
 
@@ -35,6 +35,50 @@ impl CompResult {
     };
 }
 
+/// Where a completer step's results go: the completions of the send WQEs it retires
+/// (signaled ones, or all with `sig_all`), and whether it acknowledged any PSN.
+struct Sink<'a> {
+    sig_all: bool,
+    out: &'a mut dyn FnMut(Completion),
+    progress: bool,
+}
+
+/// The completer's errors (rxe `COMPST_ERROR`): each fails the oldest send WQE.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CompError {
+    /// A NAK from the responder (IBA 9.7.5.2.2..4).
+    Nak(NakCode),
+    /// A READ response or atomic result the local buffer cannot take.
+    LocalProt,
+    /// The RNR retry count ran out (IBA C9-148).
+    RnrRetryExceeded,
+    /// The retry count ran out on local ACK timeouts (IBA C9-141).
+    RetryExceeded,
+}
+
+impl CompError {
+    /// The one table from error to the status the WQE fails with; `None` for a NAK that fails
+    /// nothing (a PSN sequence error goes back instead; a reserved code is ignored).
+    fn status(self) -> Option<WcStatus> {
+        use NakCode::*;
+        Some(match self {
+            CompError::Nak(InvalidRequest) => WcStatus::RemInvReqErr,
+            CompError::Nak(RemoteAccessError) => WcStatus::RemAccessErr,
+            CompError::Nak(RemoteOperationalError) => WcStatus::RemOpErr,
+            CompError::Nak(InvalidRdRequest) => WcStatus::RemInvRdReqErr,
+            CompError::Nak(PsnSequenceError | Reserved(_)) => return None,
+            CompError::LocalProt => WcStatus::LocProtErr,
+            CompError::RnrRetryExceeded => WcStatus::RnrRetryExcErr,
+            CompError::RetryExceeded => WcStatus::RetryExcErr,
+        })
+    }
+
+    /// The QP fails the oldest WQE with [`CompError::status`] and goes to ERR.
+    fn action(self) -> CompAction {
+        self.status().map_or(CompAction::None, CompAction::Fatal)
+    }
+}
+
 /// Retry counters and go-back state.
 #[derive(Debug, Default)]
 pub(crate) struct Completer {
@@ -60,8 +104,8 @@ impl Completer {
         self.goback = None;
     }
 
-    fn on_progress(&mut self, r: &mut CompResult) {
-        r.progress = true;
+    fn on_progress(&mut self, o: &mut Sink<'_>) {
+        o.progress = true;
         self.reset_counters();
     }
 
@@ -72,7 +116,7 @@ impl Completer {
             return CompAction::None;
         }
         if self.retry_left == 0 {
-            return CompAction::Fatal(WcStatus::RetryExcErr);
+            return CompError::RetryExceeded.action();
         }
         self.retry_left -= 1;
         self.goback = None;
@@ -82,14 +126,7 @@ impl Completer {
     /// Acknowledge every PSN up to and including `n` (IBA 9.7.5.1.4: ACKs are cumulative).
     /// Returns the PSN to retry from if `n` passes a READ or atomic whose response never came
     /// (IBA 9.7.5.1.3 implied NAK; rxe check_psn).
-    fn ack_through(
-        &mut self,
-        req: &mut Requester,
-        n: Psn,
-        sig_all: bool,
-        out: &mut dyn FnMut(Completion),
-        r: &mut CompResult,
-    ) -> Option<Psn> {
+    fn ack_through(&mut self, req: &mut Requester, n: Psn, o: &mut Sink<'_>) -> Option<Psn> {
         loop {
             let e = match req.sq.front() {
                 Some(e) if e.started && !e.first_psn.after(n) => e,
@@ -107,18 +144,24 @@ impl Completer {
                 let next = n.add(1);
                 if next.after(req.una) {
                     req.una = next;
-                    self.on_progress(r);
+                    self.on_progress(o);
                 }
                 return None;
             }
             req.una = e.last_psn().add(1);
-            self.on_progress(r);
-            let e = req.pop_front().expect("front exists");
-            complete(&e, WcStatus::Success, sig_all, out);
+            self.on_progress(o);
+            retire_front(req, o);
         }
     }
 
     /// A response-kind packet (ACK, READ response, atomic ACK) for this QP.
+    ///
+    /// The steps of rxe's completer: get the ACK (only a PSN that was sent can be
+    /// acknowledged), [`Completer::check_psn`] for NAKs and responses, then per kind of ACK
+    /// [`Completer::ack`], [`Completer::rnr_nak`], [`Completer::nak`], or [`read_data`] or
+    /// [`atomic_data`] then [`Completer::complete_response`]; what completes is retired by
+    /// [`retire_front`]. Errors fail the oldest WQE with the status of
+    /// [`CompError::status`].
     pub(crate) fn on_packet(
         &mut self,
         req: &mut Requester,
@@ -128,177 +171,126 @@ impl Completer {
         mem: &dyn MemoryAccess,
         out: &mut dyn FnMut(Completion),
     ) -> CompResult {
-        let mut r = CompResult::NOTHING;
-        let Some(info) = pkt.info() else { return r };
+        let Some(info) = pkt.info() else {
+            return CompResult::NOTHING;
+        };
         let psn = pkt.bth.psn;
         // Only PSNs that were sent can be acknowledged.
         if !psn.before(req.sent_max) {
-            return r;
+            return CompResult::NOTHING;
         }
-        match info.kind {
-            Kind::Ack => {
-                let Some(aeth) = pkt.aeth else { return r };
-                match aeth.syndrome {
-                    Syndrome::Ack { .. } => {
-                        // Duplicate or stale: nothing newer than what is already acknowledged.
-                        if !psn.add(1).after(req.una) {
-                            return r;
-                        }
-                        if let Some(from) = self.ack_through(req, psn, sig_all, out, &mut r) {
-                            r.action = self.implied_nak(from);
-                        }
-                    }
-                    Syndrome::RnrNak { timer } => {
-                        if psn.before(req.una) {
-                            return r;
-                        }
-                        // A NAK acknowledges every PSN before it (IBA 9.7.5.1.2).
-                        if psn.after(req.una) {
-                            if let Some(from) =
-                                self.ack_through(req, psn.sub(1), sig_all, out, &mut r)
-                            {
-                                r.action = self.implied_nak(from);
-                                return r;
-                            }
-                        }
-                        // Already waiting (a duplicated RNR NAK): one wait per NAK'd attempt.
-                        if req.rnr_paused || !req.sq.front().is_some_and(|e| e.contains(psn)) {
-                            return r;
-                        }
-                        // IBA 9.7.5.2.8 / C9-148: RNR retry counter, 7 = infinite.
-                        if self.rnr_left == 0 {
-                            r.action = CompAction::Fatal(WcStatus::RnrRetryExcErr);
-                            return r;
-                        }
-                        if self.rnr_retry != 7 {
-                            self.rnr_left -= 1;
-                        }
-                        r.action =
-                            CompAction::RnrWait(psn, crate::wire::aeth::rnr_timer_micros(timer));
-                    }
-                    Syndrome::Nak(code) => {
-                        if psn.before(req.una) {
-                            return r;
-                        }
-                        if psn.after(req.una) {
-                            if let Some(from) =
-                                self.ack_through(req, psn.sub(1), sig_all, out, &mut r)
-                            {
-                                r.action = self.implied_nak(from);
-                                return r;
-                            }
-                        }
-                        if !req.sq.front().is_some_and(|e| e.contains(psn)) {
-                            return r;
-                        }
-                        r.action = match code {
-                            // IBA 9.7.5.1.2 / C9-110: go back N from the NAK'd PSN.
-                            NakCode::PsnSequenceError => {
-                                if self.goback == Some(psn) && !r.progress {
-                                    CompAction::None
-                                } else {
-                                    self.goback = Some(psn);
-                                    CompAction::Retry(psn)
-                                }
-                            }
-                            // IBA 9.7.5.2.2..4: fatal NAKs complete the WQE in error.
-                            NakCode::InvalidRequest => CompAction::Fatal(WcStatus::RemInvReqErr),
-                            NakCode::RemoteAccessError => CompAction::Fatal(WcStatus::RemAccessErr),
-                            NakCode::RemoteOperationalError => {
-                                CompAction::Fatal(WcStatus::RemOpErr)
-                            }
-                            NakCode::InvalidRdRequest => {
-                                CompAction::Fatal(WcStatus::RemInvRdReqErr)
-                            }
-                            NakCode::Reserved(_) => CompAction::None,
-                        };
-                    }
-                    Syndrome::Reserved(_) => {}
-                }
-            }
-            Kind::ReadResponse => {
-                if psn.before(req.una) {
-                    return r;
-                }
-                // A response implicitly acknowledges every earlier request (IBA 9.7.5.1.4).
-                if psn.after(req.una) {
-                    if let Some(from) = self.ack_through(req, psn.sub(1), sig_all, out, &mut r) {
-                        if from != psn {
-                            r.action = self.implied_nak(from);
-                            return r;
-                        }
-                    }
-                }
-                let Some(e) = req.sq.front_mut() else {
-                    return r;
-                };
-                if !e.is_read() || !e.started || e.first_psn.add(e.resp_pkts) != psn {
-                    // Not the response PSN expected: drop; the timer or a later ACK recovers.
-                    return r;
-                }
-                let off = e.resp_pkts as usize * mtu;
-                let remaining = (e.len as usize).saturating_sub(off);
-                let want = remaining.min(mtu);
-                let last = e.resp_pkts + 1 == e.npkts;
-                let pos_ok = if last {
-                    info.position.ends()
-                } else {
-                    !info.position.ends()
-                };
-                if pkt.payload.len() != want || !pos_ok {
-                    return r;
-                }
-                let SendEntry { wqe, .. } = &*e;
-                if scatter(&wqe.sg_list, off, pkt.payload, mem).is_err() {
-                    r.action = CompAction::Fatal(WcStatus::LocProtErr);
-                    return r;
-                }
-                e.resp_pkts += 1;
-                req.una = psn.add(1);
-                self.on_progress(&mut r);
-                if last {
-                    let e = req.pop_front().expect("front exists");
-                    complete(&e, WcStatus::Success, sig_all, out);
-                }
-            }
-            Kind::AtomicAck => {
-                if psn.before(req.una) {
-                    return r;
-                }
-                if psn.after(req.una) {
-                    if let Some(from) = self.ack_through(req, psn.sub(1), sig_all, out, &mut r) {
-                        if from != psn {
-                            r.action = self.implied_nak(from);
-                            return r;
-                        }
-                    }
-                }
-                let Some(e) = req.sq.front() else { return r };
-                if !e.is_atomic() || !e.started || e.first_psn != psn {
-                    return r;
-                }
-                let Some(orig) = pkt.atomic_ack_eth.map(|a| a.orig) else {
-                    return r;
-                };
-                // The original remote value lands in the local 8-byte buffer (IBA 9.4.5).
-                let ok = match e.wqe.sg_list.first() {
-                    Some(sge) => mem
-                        .local_write(sge.lkey, sge.addr, &orig.to_ne_bytes())
-                        .is_ok(),
-                    None => false,
-                };
-                if !ok {
-                    r.action = CompAction::Fatal(WcStatus::LocProtErr);
-                    return r;
-                }
-                req.una = psn.add(1);
-                self.on_progress(&mut r);
-                let e = req.pop_front().expect("front exists");
-                complete(&e, WcStatus::Success, sig_all, out);
-            }
-            _ => {}
+        let o = &mut Sink {
+            sig_all,
+            out,
+            progress: false,
+        };
+        let step = match (info.kind, pkt.aeth.map(|a| a.syndrome)) {
+            (Kind::Ack, Some(Syndrome::Ack { .. })) => Ok(self.ack(req, psn, o)),
+            (Kind::Ack, Some(Syndrome::RnrNak { timer })) => self
+                .check_psn(req, psn, o)
+                .map(|()| self.rnr_nak(req, psn, timer)),
+            (Kind::Ack, Some(Syndrome::Nak(code))) => self
+                .check_psn(req, psn, o)
+                .map(|()| self.nak(req, psn, code, o.progress)),
+            (Kind::ReadResponse, _) => self
+                .check_psn(req, psn, o)
+                .and_then(|()| read_data(req, pkt, info, mtu, mem))
+                .map(|done| self.complete_response(req, psn, done, o)),
+            (Kind::AtomicAck, _) => self
+                .check_psn(req, psn, o)
+                .and_then(|()| atomic_data(req, pkt, mem))
+                .map(|()| self.complete_response(req, psn, true, o)),
+            _ => Ok(CompAction::None),
+        };
+        CompResult {
+            progress: o.progress,
+            action: match step {
+                Ok(a) | Err(a) => a,
+            },
         }
-        r
+    }
+
+    /// rxe `check_psn` for a NAK or a response: one for a PSN before the oldest unacknowledged
+    /// one is stale; one after it acknowledges every PSN before it (IBA 9.7.5.1.2, 9.7.5.1.4),
+    /// which may show a READ or atomic whose response never came (implied NAK). `Err`: stop,
+    /// with that action.
+    fn check_psn(
+        &mut self,
+        req: &mut Requester,
+        psn: Psn,
+        o: &mut Sink<'_>,
+    ) -> Result<(), CompAction> {
+        if psn.before(req.una) {
+            return Err(CompAction::None);
+        }
+        if psn.after(req.una) {
+            if let Some(from) = self.ack_through(req, psn.sub(1), o) {
+                return Err(self.implied_nak(from));
+            }
+        }
+        Ok(())
+    }
+
+    /// An ACK: everything through `psn` is acknowledged.
+    fn ack(&mut self, req: &mut Requester, psn: Psn, o: &mut Sink<'_>) -> CompAction {
+        // Duplicate or stale: nothing newer than what is already acknowledged.
+        if !psn.add(1).after(req.una) {
+            return CompAction::None;
+        }
+        match self.ack_through(req, psn, o) {
+            Some(from) => self.implied_nak(from),
+            None => CompAction::None,
+        }
+    }
+
+    /// An RNR NAK for the oldest WQE: wait and retry, as long as the RNR retry count lasts.
+    fn rnr_nak(&mut self, req: &Requester, psn: Psn, timer: u8) -> CompAction {
+        // Already waiting (a duplicated RNR NAK): one wait per NAK'd attempt.
+        if req.rnr_paused || !req.sq.front().is_some_and(|e| e.contains(psn)) {
+            return CompAction::None;
+        }
+        // IBA 9.7.5.2.8 / C9-148: RNR retry counter, 7 = infinite.
+        if self.rnr_left == 0 {
+            return CompError::RnrRetryExceeded.action();
+        }
+        if self.rnr_retry != 7 {
+            self.rnr_left -= 1;
+        }
+        CompAction::RnrWait(psn, crate::wire::aeth::rnr_timer_micros(timer))
+    }
+
+    /// A NAK for the oldest WQE: a PSN sequence error goes back (once per PSN until
+    /// progress, `progress`: this packet made some); the others fail the WQE.
+    fn nak(&mut self, req: &Requester, psn: Psn, code: NakCode, progress: bool) -> CompAction {
+        if !req.sq.front().is_some_and(|e| e.contains(psn)) {
+            return CompAction::None;
+        }
+        if code != NakCode::PsnSequenceError {
+            return CompError::Nak(code).action();
+        }
+        // IBA 9.7.5.1.2 / C9-110: go back N from the NAK'd PSN.
+        if self.goback == Some(psn) && !progress {
+            return CompAction::None;
+        }
+        self.goback = Some(psn);
+        CompAction::Retry(psn)
+    }
+
+    /// A READ response or atomic ACK placed: the oldest unacknowledged PSN moves past `psn`,
+    /// and the WQE completes if `done` (rxe `do_complete`).
+    fn complete_response(
+        &mut self,
+        req: &mut Requester,
+        psn: Psn,
+        done: bool,
+        o: &mut Sink<'_>,
+    ) -> CompAction {
+        req.una = psn.add(1);
+        self.on_progress(o);
+        if done {
+            retire_front(req, o);
+        }
+        CompAction::None
     }
 
     /// A lost READ/atomic response was detected: retry from it (rxe COMPST_ERROR_RETRY).
@@ -308,6 +300,72 @@ impl Completer {
         }
         self.goback = Some(from);
         CompAction::Retry(from)
+    }
+}
+
+/// rxe `read_data`: a READ response packet, the one expected next, into the oldest WQE's
+/// local buffers. Returns whether it was the READ's last; `Err`: stop, with that action.
+fn read_data(
+    req: &mut Requester,
+    pkt: &Packet<'_>,
+    info: &OpInfo,
+    mtu: usize,
+    mem: &dyn MemoryAccess,
+) -> Result<bool, CompAction> {
+    let e = match req.sq.front_mut() {
+        Some(e) if e.is_read() && e.started && e.first_psn.add(e.resp_pkts) == pkt.bth.psn => e,
+        // Not the response PSN expected: drop; the timer or a later ACK recovers.
+        _ => return Err(CompAction::None),
+    };
+    let off = e.resp_pkts as usize * mtu;
+    let remaining = (e.len as usize).saturating_sub(off);
+    let want = remaining.min(mtu);
+    let last = e.resp_pkts + 1 == e.npkts;
+    let pos_ok = if last {
+        info.position.ends()
+    } else {
+        !info.position.ends()
+    };
+    if pkt.payload.len() != want || !pos_ok {
+        return Err(CompAction::None);
+    }
+    let SendEntry { wqe, .. } = &*e;
+    if scatter(&wqe.sg_list, off, pkt.payload, mem).is_err() {
+        return Err(CompError::LocalProt.action());
+    }
+    e.resp_pkts += 1;
+    Ok(last)
+}
+
+/// rxe `atomic_data`: the atomic ACK of the oldest WQE; the original remote value lands in
+/// its local 8-byte buffer (IBA 9.4.5). `Err`: stop, with that action.
+fn atomic_data(
+    req: &Requester,
+    pkt: &Packet<'_>,
+    mem: &dyn MemoryAccess,
+) -> Result<(), CompAction> {
+    let (e, orig) = match (req.sq.front(), pkt.atomic_ack_eth) {
+        (Some(e), Some(a)) if e.is_atomic() && e.started && e.first_psn == pkt.bth.psn => {
+            (e, a.orig)
+        }
+        _ => return Err(CompAction::None),
+    };
+    let ok = match e.wqe.sg_list.first() {
+        Some(sge) => mem
+            .local_write(sge.lkey, sge.addr, &orig.to_ne_bytes())
+            .is_ok(),
+        None => false,
+    };
+    if !ok {
+        return Err(CompError::LocalProt.action());
+    }
+    Ok(())
+}
+
+/// The oldest send WQE is done: it leaves the send queue and completes successfully.
+fn retire_front(req: &mut Requester, o: &mut Sink<'_>) {
+    if let Some(e) = req.pop_front() {
+        complete(&e, WcStatus::Success, o.sig_all, o.out);
     }
 }
 
@@ -509,5 +567,35 @@ mod tests {
         assert_eq!(c.on_timeout(&req), CompAction::Fatal(WcStatus::RetryExcErr));
         req.sq.clear();
         assert_eq!(c.on_timeout(&req), CompAction::None);
+    }
+
+    #[test]
+    fn error_table() {
+        for (e, st) in [
+            (
+                CompError::Nak(NakCode::InvalidRequest),
+                Some(WcStatus::RemInvReqErr),
+            ),
+            (
+                CompError::Nak(NakCode::RemoteAccessError),
+                Some(WcStatus::RemAccessErr),
+            ),
+            (
+                CompError::Nak(NakCode::RemoteOperationalError),
+                Some(WcStatus::RemOpErr),
+            ),
+            (
+                CompError::Nak(NakCode::InvalidRdRequest),
+                Some(WcStatus::RemInvRdReqErr),
+            ),
+            (CompError::Nak(NakCode::PsnSequenceError), None),
+            (CompError::Nak(NakCode::Reserved(9)), None),
+            (CompError::LocalProt, Some(WcStatus::LocProtErr)),
+            (CompError::RnrRetryExceeded, Some(WcStatus::RnrRetryExcErr)),
+            (CompError::RetryExceeded, Some(WcStatus::RetryExcErr)),
+        ] {
+            assert_eq!(e.status(), st, "{e:?}");
+            assert_eq!(e.action(), st.map_or(CompAction::None, CompAction::Fatal));
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::transport::memory::MemoryAccess;
-use crate::transport::modify::{attr_mask, attr_names, check_transition};
+use crate::transport::modify::modify_connected;
 use crate::transport::modify::{
     ACCESS, AV, CUR_STATE, DEST_QPN, MAX_DEST_RD, MAX_RD, MIN_RNR, PATH_MTU, PKEY, PORT, RETRY,
     RNR_RETRY, RQ_PSN, SQ_PSN, TIMEOUT,
@@ -60,9 +60,6 @@ pub enum PostError {
     #[error("the QP takes its receive WQEs from a shared receive queue: post there")]
     HasSrq,
 }
-
-/// Most READ/atomic requests outstanding either way (rxe: RXE_MAX_QP_RD_ATOM = 128).
-const MAX_RD_ATOMIC: u8 = 128;
 
 /// The shortest tail-loss probe timeout.
 const PROBE_FLOOR: Duration = Duration::from_millis(1);
@@ -350,61 +347,7 @@ impl RcQp {
     pub fn modify(&mut self, attr: &QpAttr, now: Instant) -> Result<(), QpError> {
         let _ = now;
         let cur = self.state;
-        let next = check_transition(cur, attr, transition, attr_mask(attr), attr_names())?;
-        // Ranges (IBA 11.2.4.2, rxe_qp_chk_attr).
-        if attr.retry_cnt.is_some_and(|v| v > 7) {
-            return Err(QpError::BadAttr("retry_cnt"));
-        }
-        if attr.rnr_retry.is_some_and(|v| v > 7) {
-            return Err(QpError::BadAttr("rnr_retry"));
-        }
-        if attr.timeout.is_some_and(|v| v > 31) {
-            return Err(QpError::BadAttr("timeout"));
-        }
-        if attr.min_rnr_timer.is_some_and(|v| v > 31) {
-            return Err(QpError::BadAttr("min_rnr_timer"));
-        }
-        if attr.port_num.is_some_and(|v| v != 1) {
-            return Err(QpError::BadAttr("port_num"));
-        }
-        if attr.max_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC) {
-            return Err(QpError::BadAttr("max_rd_atomic"));
-        }
-        if attr.max_dest_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC) {
-            return Err(QpError::BadAttr("max_dest_rd_atomic"));
-        }
-        if attr.dest_qp_num.is_some_and(|v| v > 0x00ff_ffff) {
-            return Err(QpError::BadAttr("dest_qp_num"));
-        }
-        if let Some(av) = attr.ah_attr {
-            if av.port_num > 1 {
-                return Err(QpError::BadAttr("ah_attr.port_num"));
-            }
-        }
-        // Apply.
-        macro_rules! take {
-            ($($f:ident),*) => { $( if let Some(v) = attr.$f { self.attr.$f = Some(v); } )* };
-        }
-        take!(
-            path_mtu,
-            dest_qp_num,
-            qp_access_flags,
-            pkey_index,
-            port_num,
-            ah_attr,
-            timeout,
-            retry_cnt,
-            rnr_retry,
-            min_rnr_timer,
-            max_rd_atomic,
-            max_dest_rd_atomic
-        );
-        if let Some(p) = attr.rq_psn {
-            self.attr.rq_psn = Some(p & Psn::MASK);
-        }
-        if let Some(p) = attr.sq_psn {
-            self.attr.sq_psn = Some(p & Psn::MASK);
-        }
+        let next = modify_connected(cur, &mut self.attr, attr, transition, false)?;
         match (cur, next) {
             (_, QpState::Reset) => {
                 // To RESET: queues emptied without completions (the CQ keeps what it has).
@@ -453,17 +396,7 @@ impl RcQp {
 
     /// `ibv_query_qp`: every attribute's current value.
     pub fn query(&self) -> QpAttr {
-        let mut a = self.attr;
-        a.qp_state = Some(self.state);
-        a.cur_qp_state = Some(self.state);
-        if matches!(self.state, QpState::Rts | QpState::Sqd) {
-            a.sq_psn = Some(self.req.max_psn.value());
-        }
-        if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            a.rq_psn = Some(self.resp.epsn.value());
-        }
-        a.sq_draining = Some(self.state == QpState::Sqd && self.req.outstanding());
-        a
+        query_connected(&self.attr, self.state, &self.req, self.resp.epsn)
     }
 
     /// The address vector set at INIT->RTR: where packets go.
@@ -472,10 +405,7 @@ impl RcQp {
     }
 
     pub fn post_send(&mut self, wqe: SendWqe) -> Result<(), PostError> {
-        match self.state {
-            QpState::Rts | QpState::Sqd | QpState::Err => {}
-            s => return Err(PostError::InvalidState(s)),
-        }
+        check_send_state(self.state)?;
         let rd_atomic = matches!(
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
@@ -487,27 +417,15 @@ impl RcQp {
         if matches!(wqe.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8 {
             return Err(PostError::BadAtomicLength);
         }
-        if self.req.sq.len() + self.cq.send_pending >= self.caps.max_send_wr as usize {
-            return Err(PostError::QueueFull);
-        }
-        let signaled = wqe.flags.signaled || self.sq_sig_all;
-        let e = SendEntry::new(wqe, signaled, self.mtu());
-        if self.state == QpState::Err {
-            // rxe: work posted to a QP in ERR is flushed at once.
-            let mut v = None;
-            complete(&e, WcStatus::WrFlushErr, true, &mut |c| v = Some(c));
-            if let Some(c) = v {
-                self.push_completion(c);
-            }
-            return Ok(());
-        }
-        self.req.sq.push_back(e);
-        Ok(())
+        let mtu = self.mtu();
+        let (caps, sig_all) = (&self.caps, self.sq_sig_all);
+        self.cq
+            .queue_send(&mut self.req, caps, self.state, sig_all, mtu, wqe)
     }
 
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
         // A WQE taken by a message in progress still occupies its slot.
-        let held = self.resp.rq.len() + self.resp.wqe.is_some() as usize + self.cq.recv_pending;
+        let held = self.resp.rq.len() + self.resp.msg.wqe.is_some() as usize + self.cq.recv_pending;
         check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
         if self.state == QpState::Err {
             self.push_completion(flush_recv(wqe.wr_id, self.attr.dest_qp_num.unwrap_or(0)));
@@ -524,26 +442,10 @@ impl RcQp {
     fn enter_err_at(&mut self, fail: Option<(usize, WcStatus)>) {
         self.state = QpState::Err;
         self.timers.stop_all();
-        let sq = std::mem::take(&mut self.req.sq);
-        for (i, e) in sq.iter().enumerate() {
-            let status = match fail {
-                Some((at, st)) if at == i => st,
-                _ => WcStatus::WrFlushErr,
-            };
-            let mut v = None;
-            complete(e, status, true, &mut |c| v = Some(c));
-            if let Some(c) = v {
-                self.push_completion(c);
-            }
-        }
-        self.req.idx = 0;
-        self.req.pkt = 0;
-        let held = self.resp.wqe.take();
+        let held = self.resp.msg.wqe.take();
         let rq = std::mem::take(&mut self.resp.rq);
         let dest = self.attr.dest_qp_num.unwrap_or(0);
-        for w in held.into_iter().chain(rq) {
-            self.push_completion(flush_recv(w.wr_id, dest));
-        }
+        flush_all(&mut self.req, fail, held, rq, dest, &mut self.cq);
         self.resp.keep_naks_only();
     }
 
@@ -759,16 +661,34 @@ impl RcQp {
                 self.probe_resume = self.req.next_psn;
             }
             self.probe_chained = false;
-            let una = self.req.una;
-            self.req.seek(una);
-            self.probe_rd = self
-                .req
-                .sq
-                .get(self.req.idx)
-                .is_some_and(|e| e.is_rd_atomic());
-            self.req.probe = Probe::Due;
+            self.probe_oldest();
         }
         self.arm_probe(now);
+    }
+
+    /// The next probe is the oldest unacknowledged packet itself: the cursor goes back to it,
+    /// and nothing more is sent until it is answered.
+    fn probe_oldest(&mut self) {
+        let una = self.req.una;
+        self.req.seek(una);
+        self.probe_rd = self
+            .req
+            .sq
+            .get(self.req.idx)
+            .is_some_and(|e| e.is_rd_atomic());
+        self.req.probe = Probe::Due;
+    }
+
+    /// The cursor goes back to where the probe found it, or to the oldest unacknowledged PSN
+    /// if that is past it.
+    fn resume_after_probe(&mut self) {
+        let una = self.req.una;
+        let resume = if self.probe_resume.before(una) {
+            una
+        } else {
+            self.probe_resume
+        };
+        self.req.seek(resume);
     }
 
     /// Progress while a probe is out. The responder answers a probe it takes in sequence
@@ -785,12 +705,7 @@ impl RcQp {
             Probe::Last => self.req.probe = Probe::Off,
             Probe::Due => {
                 self.req.probe = Probe::Off;
-                let resume = if self.probe_resume.before(self.req.una) {
-                    self.req.una
-                } else {
-                    self.probe_resume
-                };
-                self.req.seek(resume);
+                self.resume_after_probe();
             }
             Probe::Sent => {
                 self.req.probe = Probe::Off;
@@ -805,20 +720,9 @@ impl RcQp {
                     // the responder silent); a duplicate again, they were only late.
                     self.probe_chained = true;
                     self.stats.probes += 1;
-                    self.req.seek(una);
-                    self.probe_rd = self
-                        .req
-                        .sq
-                        .get(self.req.idx)
-                        .is_some_and(|e| e.is_rd_atomic());
-                    self.req.probe = Probe::Due;
+                    self.probe_oldest();
                 } else {
-                    let resume = if self.probe_resume.before(una) {
-                        una
-                    } else {
-                        self.probe_resume
-                    };
-                    self.req.seek(resume);
+                    self.resume_after_probe();
                 }
             }
         }
@@ -945,6 +849,62 @@ pub(crate) fn check_post_recv(
     Ok(())
 }
 
+/// `ibv_query_qp` on a connected QP (RC and UC): the attributes as last set, with the state,
+/// the send queue's next PSN, the receiving side's expected one (`rq_psn`), and whether SQD
+/// is still draining.
+pub(crate) fn query_connected(
+    attr: &QpAttr,
+    state: QpState,
+    req: &Requester,
+    rq_psn: Psn,
+) -> QpAttr {
+    let mut a = *attr;
+    a.qp_state = Some(state);
+    a.cur_qp_state = Some(state);
+    if matches!(state, QpState::Rts | QpState::Sqd) {
+        a.sq_psn = Some(req.max_psn.value());
+    }
+    if matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        a.rq_psn = Some(rq_psn.value());
+    }
+    a.sq_draining = Some(state == QpState::Sqd && req.outstanding());
+    a
+}
+
+/// A connected QP (RC and UC) takes send WRs in RTS, SQD and ERR.
+pub(crate) fn check_send_state(state: QpState) -> Result<(), PostError> {
+    match state {
+        QpState::Rts | QpState::Sqd | QpState::Err => Ok(()),
+        s => Err(PostError::InvalidState(s)),
+    }
+}
+
+/// A connected QP (RC and UC) enters ERR: `fail` completes the send WQE at index `at` with that
+/// status; every other send WQE, then the receive WQE `held` by a message in progress and the
+/// receive queue `rq`, are flushed with WR_FLUSH_ERR (`dest`: the remote QPN they report).
+pub(crate) fn flush_all(
+    req: &mut Requester,
+    fail: Option<(usize, WcStatus)>,
+    held: Option<RecvWqe>,
+    rq: VecDeque<RecvWqe>,
+    dest: u32,
+    cq: &mut Cq,
+) {
+    let sq = std::mem::take(&mut req.sq);
+    for (i, e) in sq.iter().enumerate() {
+        let status = match fail {
+            Some((at, st)) if at == i => st,
+            _ => WcStatus::WrFlushErr,
+        };
+        complete(e, status, true, &mut |c| cq.push(c));
+    }
+    req.idx = 0;
+    req.pkt = 0;
+    for w in held.into_iter().chain(rq) {
+        cq.push(flush_recv(w.wr_id, dest));
+    }
+}
+
 /// A receive WQE flushed with WR_FLUSH_ERR (RC and UC).
 pub(crate) fn flush_recv(wr_id: u64, src_qp: u32) -> Completion {
     Completion::recv(
@@ -982,6 +942,30 @@ impl Cq {
             CqSide::Recv => self.recv_pending += 1,
         }
         self.q.push_back(c);
+    }
+    /// Queue a send WR that passed its checks on a connected QP (RC and UC): refused when the
+    /// send queue is full (completions not yet polled still hold their slot); on a QP in ERR
+    /// it is flushed at once, as rxe does. `sig_all`: the QP signals every WR.
+    pub(crate) fn queue_send(
+        &mut self,
+        req: &mut Requester,
+        caps: &QpCaps,
+        state: QpState,
+        sig_all: bool,
+        mtu: usize,
+        wqe: SendWqe,
+    ) -> Result<(), PostError> {
+        if req.sq.len() + self.send_pending >= caps.max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let signaled = wqe.flags.signaled || sig_all;
+        let e = SendEntry::new(wqe, signaled, mtu);
+        if state == QpState::Err {
+            complete(&e, WcStatus::WrFlushErr, true, &mut |c| self.push(c));
+            return Ok(());
+        }
+        req.sq.push_back(e);
+        Ok(())
     }
     pub(crate) fn pop(&mut self) -> Option<Completion> {
         let c = self.q.pop_front()?;

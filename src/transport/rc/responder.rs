@@ -4,15 +4,17 @@
 
 use std::collections::VecDeque;
 
-use crate::transport::memory::{scatter, MemError, MemoryAccess};
+use crate::transport::inbound::{check_mtu_length, check_rkey, Inbound, WriteCursor};
+use crate::transport::memory::{MemError, MemoryAccess};
 use crate::transport::srq::Srq;
 use crate::transport::types::*;
 use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
-    Aeth, AtomicAckEth, Bth, Kind, NakCode, Opcode, Packet, Position, Psn, Syndrome,
+    Aeth, AtomicAckEth, AtomicEth, Bth, Kind, NakCode, OpInfo, Opcode, Packet, Psn, Reth, Syndrome,
 };
 
 use super::requester::npkts_for;
+use super::resp_error::{Nak, RespError};
 
 /// Most responses queued behind each other before duplicate requests are dropped instead of
 /// answered (bounds memory under hostile traffic).
@@ -26,21 +28,6 @@ pub(crate) struct RespParams {
     pub access: AccessFlags,
     pub max_dest_rd_atomic: u32,
     pub min_rnr_timer: u8,
-}
-
-/// A multi-packet message in progress.
-#[derive(Clone, Copy, Debug)]
-enum InMsg {
-    /// SEND into the receive WQE taken when it started ([`Responder::wqe`]); `off` bytes
-    /// placed so far.
-    Send { off: u32 },
-    /// RDMA WRITE: next address, rkey, bytes still expected, total length.
-    Write {
-        va: u64,
-        rkey: u32,
-        resid: u32,
-        total: u32,
-    },
 }
 
 /// A packet waiting to be sent, in PSN order.
@@ -100,11 +87,8 @@ pub(crate) struct Responder {
     pub msn: u32,
     /// The QP's own receive queue (unused when it takes WQEs from a shared receive queue).
     pub rq: VecDeque<RecvWqe>,
-    /// The receive WQE of the message in progress: taken from the receive queue (the QP's own
-    /// or the shared one) when a message that needs one starts, held until it completes
-    /// (rxe's `resp.wqe`).
-    pub wqe: Option<RecvWqe>,
-    cur: Option<InMsg>,
+    /// The message in progress and the receive WQE it holds.
+    pub msg: Inbound,
     /// A PSN-sequence or RNR NAK went out; stay silent until back in sequence (IBA C9-90).
     nak_sent: bool,
     out: VecDeque<Out>,
@@ -124,14 +108,13 @@ impl Responder {
         self.epsn = psn;
         self.msn = 0;
         self.rq.clear();
-        self.wqe = None;
-        self.cur = None;
+        self.msg = Inbound::default();
         self.nak_sent = false;
         self.out.clear();
         self.res.clear();
     }
 
-    /// After the QP entered ERR (and flushed [`Responder::wqe`]): only NAKs already queued
+    /// After the QP entered ERR (and flushed [`Inbound::wqe`]): only NAKs already queued
     /// still go out.
     pub(crate) fn keep_naks_only(&mut self) {
         self.out.retain(|o| {
@@ -143,7 +126,7 @@ impl Responder {
                 }
             )
         });
-        self.cur = None;
+        self.msg.cur = None;
         self.res.clear();
     }
 
@@ -175,40 +158,13 @@ impl Responder {
         });
     }
 
-    fn push_nak(&mut self, psn: Psn, code: NakCode) -> RespEvent {
-        self.out.push_back(Out::Ack {
-            psn,
-            syndrome: Syndrome::Nak(code),
-            msn: self.msn,
-        });
-        RespEvent::Error
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn recv_completion(
-        &self,
-        p: &RespParams,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        byte_len: u32,
-        imm: Option<u32>,
-        solicited: bool,
-    ) -> Completion {
-        Completion::recv(wr_id, status, opcode, byte_len, imm, p.dest_qpn, solicited)
-    }
-
-    /// Take a receive WQE for a message that starts: from the shared receive queue if the QP
-    /// has one (`srq`), else from its own.
-    fn take_wqe(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
-        match srq {
-            Some(s) => s.take(),
-            None => self.rq.pop_front(),
-        }
-    }
-
     /// A request-kind packet for this QP, with the QP in RTR, RTS or SQD. `srq`: the shared
     /// receive queue the QP takes its receive WQEs from; `None` for its own [`Responder::rq`].
+    ///
+    /// The steps of rxe's responder in its order: [`Responder::check_psn`], then for a request
+    /// in sequence [`Responder::check_op_seq`], the length, the per-kind access, rkey and
+    /// resource checks, the execution, and the acknowledgement. A failing step's
+    /// [`RespError`] is answered by [`Responder::respond_error`].
     pub(crate) fn on_request(
         &mut self,
         pkt: &Packet<'_>,
@@ -220,318 +176,221 @@ impl Responder {
         let Some(info) = pkt.info() else {
             return RespEvent::None;
         };
-        let psn = pkt.bth.psn;
-        let d = psn.diff(self.epsn);
-        if d < 0 {
-            self.duplicates += 1;
-            self.duplicate(pkt);
-            return RespEvent::None;
-        }
-        if d > 0 {
-            self.out_of_seq += 1;
-            // IBA C9-90: one PSN sequence error NAK, then silence until back in sequence.
-            if !self.nak_sent {
-                self.seq_naks += 1;
-                self.nak_sent = true;
-                self.out.push_back(Out::Ack {
-                    psn: self.epsn,
-                    syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
-                    msn: self.msn,
-                });
+        match self.check_psn(pkt.bth.psn) {
+            PsnCheck::Duplicate => {
+                self.duplicates += 1;
+                self.duplicate(pkt);
+                RespEvent::None
             }
-            return RespEvent::None;
+            PsnCheck::OutOfSequence => {
+                self.out_of_sequence();
+                RespEvent::None
+            }
+            PsnCheck::InSequence => match self.in_sequence(pkt, info, p, mem, srq, out) {
+                Ok(()) => RespEvent::None,
+                Err(e) => self.respond_error(pkt.bth.psn, e, p, out),
+            },
         }
-        // In sequence. Check the opcode sequence (IBA 9.7.4.1.4 / C9-94): a message's middle
-        // and last packets follow its first; a new message starts only after the last one ended.
-        let seq_ok = match (self.cur, info.kind, info.position) {
-            (None, _, pos) => pos.starts(),
-            (Some(InMsg::Send { .. }), Kind::Send, pos) => !pos.starts(),
-            (Some(InMsg::Write { .. }), Kind::RdmaWrite, pos) => !pos.starts(),
-            _ => false,
-        };
-        if !seq_ok {
-            return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+    }
+
+    /// rxe `check_psn`: where the request's PSN stands against the expected one.
+    fn check_psn(&self, psn: Psn) -> PsnCheck {
+        match psn.diff(self.epsn) {
+            d if d < 0 => PsnCheck::Duplicate,
+            0 => PsnCheck::InSequence,
+            _ => PsnCheck::OutOfSequence,
         }
-        let plen = pkt.payload.len();
-        let full = matches!(info.position, Position::First | Position::Middle);
-        // IBA C9-95..: FIRST and MIDDLE carry exactly the path MTU, LAST and ONLY at most that.
-        if (full && plen != p.mtu) || plen > p.mtu {
-            return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
+    }
+
+    /// IBA C9-90: one PSN sequence error NAK, then silence until back in sequence.
+    fn out_of_sequence(&mut self) {
+        self.out_of_seq += 1;
+        if !self.nak_sent {
+            self.seq_naks += 1;
+            self.nak_sent = true;
+            self.out.push_back(Out::Ack {
+                psn: self.epsn,
+                syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+                msn: self.msn,
+            });
         }
+    }
+
+    /// The steps after the PSN check, per kind of request.
+    fn in_sequence(
+        &mut self,
+        pkt: &Packet<'_>,
+        info: &OpInfo,
+        p: &RespParams,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+        out: &mut dyn FnMut(Completion),
+    ) -> Result<(), RespError> {
+        self.check_op_seq(info)?;
+        check_mtu_length(info.position, pkt.payload.len(), p.mtu)?;
         let ends = info.position.ends();
         match info.kind {
             Kind::Send => {
-                if self.wqe.is_none() {
-                    // The first packet takes a receive WQE (rxe `check_resource`); IBA
-                    // 9.7.5.2.8: none posted: RNR NAK, PSN not advanced.
-                    let Some(w) = self.take_wqe(srq) else {
-                        self.rnr_nak(psn, p);
-                        return RespEvent::None;
-                    };
-                    self.wqe = Some(w);
-                }
-                let wqe = self.wqe.as_ref().expect("taken above");
-                let off = match self.cur {
-                    Some(InMsg::Send { off }) => off,
-                    _ => 0,
-                };
-                let cap: u64 = wqe.sg_list.iter().map(|s| s.length as u64).sum();
-                if off as u64 + plen as u64 > cap {
-                    // IBA C9-99 (class D): message longer than the receive buffers.
-                    let wqe = self.wqe.take().expect("held");
-                    out(self.recv_completion(
-                        p,
-                        wqe.wr_id,
-                        WcStatus::LocLenErr,
-                        WcOpcode::Recv,
-                        0,
-                        None,
-                        false,
-                    ));
-                    self.cur = None;
-                    return self.push_nak(psn, NakCode::InvalidRequest);
-                }
-                if scatter(&wqe.sg_list, off as usize, pkt.payload, mem).is_err() {
-                    let wqe = self.wqe.take().expect("held");
-                    out(self.recv_completion(
-                        p,
-                        wqe.wr_id,
-                        WcStatus::LocProtErr,
-                        WcOpcode::Recv,
-                        0,
-                        None,
-                        false,
-                    ));
-                    self.cur = None;
-                    return self.push_nak(psn, NakCode::RemoteOperationalError);
-                }
-                let off = off + plen as u32;
-                if ends {
-                    let wqe = self.wqe.take().expect("held");
-                    self.cur = None;
-                    self.msn = msn_inc(self.msn);
-                    out(self.recv_completion(
-                        p,
-                        wqe.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::Recv,
-                        off,
-                        pkt.immdt,
-                        pkt.bth.solicited,
-                    ));
-                } else {
-                    self.cur = Some(InMsg::Send { off });
-                }
+                self.msg.take_wqe(&mut self.rq, srq)?;
+                self.msg.execute(pkt, ends, None, mem, p.dest_qpn, out)?;
             }
             Kind::RdmaWrite => {
-                let (va, rkey, resid, total) = match self.cur {
-                    Some(InMsg::Write {
-                        va,
-                        rkey,
-                        resid,
-                        total,
-                    }) => (va, rkey, resid, total),
-                    _ => {
-                        let Some(reth) = pkt.reth else {
-                            return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
-                        };
-                        // IBA C9-88 / o10-2: the QP must allow remote writes, the rkey cover the range.
-                        if !p.access.contains(AccessFlags::REMOTE_WRITE) {
-                            return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
-                        }
-                        if reth.dma_len > 0
-                            && mem
-                                .remote_check(
-                                    reth.rkey,
-                                    reth.va,
-                                    reth.dma_len as u64,
-                                    AccessFlags::REMOTE_WRITE,
-                                )
-                                .is_err()
-                        {
-                            return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
-                        }
-                        (reth.va, reth.rkey, reth.dma_len, reth.dma_len)
-                    }
-                };
-                if plen as u32 > resid || (ends && plen as u32 != resid) {
-                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
-                }
+                let w = self.check_write(pkt, p, mem)?;
+                w.check_len(pkt.payload.len(), ends)?;
                 // RDMA WRITE with immediate consumes a receive WQE (IBA 9.4.3), taken before
-                // the data lands: RNR if none.
-                let needs_wqe = ends && pkt.immdt.is_some();
-                if needs_wqe {
-                    self.wqe = self.take_wqe(srq);
+                // the data lands: RNR if none (the write state stays, so the retried LAST
+                // continues this message).
+                if ends && pkt.immdt.is_some() {
+                    self.msg.take_wqe(&mut self.rq, srq)?;
                 }
-                if needs_wqe && self.wqe.is_none() {
-                    self.rnr_nak(psn, p);
-                    // Keep the write state so the retried LAST continues this message.
-                    self.cur = if info.position == Position::Only {
-                        None
-                    } else {
-                        Some(InMsg::Write {
-                            va,
-                            rkey,
-                            resid,
-                            total,
-                        })
-                    };
-                    return RespEvent::None;
-                }
-                if plen > 0 && mem.remote_write(rkey, va, pkt.payload).is_err() {
-                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
-                }
-                if ends {
-                    self.cur = None;
-                    self.msn = msn_inc(self.msn);
-                    if let Some(imm) = pkt.immdt {
-                        let wqe = self.wqe.take().expect("taken above");
-                        out(self.recv_completion(
-                            p,
-                            wqe.wr_id,
-                            WcStatus::Success,
-                            WcOpcode::RecvRdmaWithImm,
-                            total,
-                            Some(imm),
-                            pkt.bth.solicited,
-                        ));
-                    }
-                } else {
-                    self.cur = Some(InMsg::Write {
-                        va: va.wrapping_add(plen as u64),
-                        rkey,
-                        resid: resid - plen as u32,
-                        total,
-                    });
-                }
+                self.msg.execute(pkt, ends, Some(w), mem, p.dest_qpn, out)?;
             }
             Kind::ReadRequest => {
-                let Some(reth) = pkt.reth else {
-                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
-                };
-                // IBA 9.4.4: a READ moves at most 2^31 bytes.
-                if reth.dma_len > 1 << 31 {
-                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
-                }
-                if !p.access.contains(AccessFlags::REMOTE_READ) {
-                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
-                }
-                if reth.dma_len > 0
-                    && mem
-                        .remote_check(
-                            reth.rkey,
-                            reth.va,
-                            reth.dma_len as u64,
-                            AccessFlags::REMOTE_READ,
-                        )
-                        .is_err()
-                {
-                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
-                }
-                let n = npkts_for(reth.dma_len, p.mtu);
-                self.msn = msn_inc(self.msn);
-                self.remember(
-                    p,
-                    Resource::Read {
-                        first: psn,
-                        last: psn.add(n - 1),
-                        va: reth.va,
-                        rkey: reth.rkey,
-                        len: reth.dma_len,
-                    },
-                );
-                self.out.push_back(Out::Read {
-                    psn,
-                    va: reth.va,
-                    rkey: reth.rkey,
-                    resid: reth.dma_len,
-                    first: true,
-                    msn: self.msn,
-                });
-                self.epsn = psn.add(n);
-                self.nak_sent = false;
-                return RespEvent::None;
+                let reth = check_read(pkt, p, mem)?;
+                self.execute_read(pkt.bth.psn, &reth, p);
+                return Ok(());
             }
             Kind::CompareSwap | Kind::FetchAdd => {
-                let Some(a) = pkt.atomic_eth else {
-                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
-                };
-                if !p.access.contains(AccessFlags::REMOTE_ATOMIC) {
-                    return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out);
-                }
-                // IBA C9-101 / o9-...: an atomic's address must be 8-byte aligned.
-                if a.va % 8 != 0 {
-                    return self.fatal_nak(psn, NakCode::InvalidRequest, p, out);
-                }
-                let op = if info.kind == Kind::CompareSwap {
-                    AtomicOp::CompareSwap {
-                        compare: a.compare,
-                        swap: a.swap_add,
-                    }
-                } else {
-                    AtomicOp::FetchAdd { add: a.swap_add }
-                };
-                let orig = match mem.remote_atomic(a.rkey, a.va, op) {
-                    Ok(v) => v,
-                    Err(MemError::Misaligned) => {
-                        return self.fatal_nak(psn, NakCode::InvalidRequest, p, out)
-                    }
-                    Err(_) => return self.fatal_nak(psn, NakCode::RemoteAccessError, p, out),
-                };
-                self.msn = msn_inc(self.msn);
-                self.remember(p, Resource::Atomic { psn, orig });
-                self.out.push_back(Out::Atomic {
-                    psn,
-                    orig,
-                    msn: self.msn,
-                });
-                self.epsn = psn.add(1);
-                self.nak_sent = false;
-                return RespEvent::None;
+                let (a, op) = check_atomic(pkt, info.kind, p)?;
+                return self.execute_atomic(pkt.bth.psn, &a, op, p, mem);
             }
             // Responses and anything else are not requests.
-            _ => return RespEvent::None,
+            _ => return Ok(()),
         }
-        // SEND or WRITE packet executed.
+        if ends {
+            self.msn = msn_inc(self.msn);
+        }
+        self.acknowledge(pkt, ends);
+        Ok(())
+    }
+
+    /// rxe `check_op_seq` (IBA 9.7.4.1.4 / C9-94): a message's middle and last packets follow
+    /// its first; a new message starts only after the last one ended.
+    fn check_op_seq(&self, info: &OpInfo) -> Result<(), RespError> {
+        let ok = if info.position.starts() {
+            self.msg.cur.is_none()
+        } else {
+            self.msg.continues(info.kind)
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(RespError::OpSeq)
+        }
+    }
+
+    /// rxe `check_op_valid` and `check_rkey` for a WRITE: the cursor of the WRITE in progress,
+    /// or, at its first packet, the RETH checked against the QP's access and the rkey.
+    fn check_write(
+        &self,
+        pkt: &Packet<'_>,
+        p: &RespParams,
+        mem: &dyn MemoryAccess,
+    ) -> Result<WriteCursor, RespError> {
+        if let Some(w) = self.msg.write_cursor() {
+            return Ok(w);
+        }
+        let reth = pkt.reth.ok_or(RespError::Malformed)?;
+        check_qp_access(p, AccessFlags::REMOTE_WRITE)?;
+        check_rkey(mem, &reth, AccessFlags::REMOTE_WRITE)?;
+        Ok(WriteCursor::new(&reth))
+    }
+
+    /// Queue the READ response and remember the request for duplicates (IBA 9.7.5.2.6).
+    fn execute_read(&mut self, psn: Psn, reth: &Reth, p: &RespParams) {
+        let n = npkts_for(reth.dma_len, p.mtu);
+        self.msn = msn_inc(self.msn);
+        self.remember(
+            p,
+            Resource::Read {
+                first: psn,
+                last: psn.add(n - 1),
+                va: reth.va,
+                rkey: reth.rkey,
+                len: reth.dma_len,
+            },
+        );
+        self.out.push_back(Out::Read {
+            psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            resid: reth.dma_len,
+            first: true,
+            msn: self.msn,
+        });
+        self.epsn = psn.add(n);
+        self.nak_sent = false;
+    }
+
+    /// Execute the atomic, queue its ACK and remember the result for duplicates (IBA C9-106).
+    fn execute_atomic(
+        &mut self,
+        psn: Psn,
+        a: &AtomicEth,
+        op: AtomicOp,
+        p: &RespParams,
+        mem: &dyn MemoryAccess,
+    ) -> Result<(), RespError> {
+        let orig = mem.remote_atomic(a.rkey, a.va, op).map_err(|e| match e {
+            MemError::Misaligned => RespError::Misaligned,
+            _ => RespError::Rkey,
+        })?;
+        self.msn = msn_inc(self.msn);
+        self.remember(p, Resource::Atomic { psn, orig });
+        self.out.push_back(Out::Atomic {
+            psn,
+            orig,
+            msn: self.msn,
+        });
+        self.epsn = psn.add(1);
+        self.nak_sent = false;
+        Ok(())
+    }
+
+    /// A SEND or WRITE packet executed: expect the next PSN, and owe an ACK if asked for or
+    /// at the message's end.
+    fn acknowledge(&mut self, pkt: &Packet<'_>, ends: bool) {
+        let psn = pkt.bth.psn;
         self.epsn = psn.add(1);
         self.nak_sent = false;
         if pkt.bth.ack_req || ends {
             self.push_ack(psn);
         }
-        RespEvent::None
     }
 
-    /// Every in-sequence attempt without a receive WQE gets its RNR NAK; the packets that
-    /// follow it are then out of sequence and get no NAK of their own.
-    fn rnr_nak(&mut self, psn: Psn, p: &RespParams) {
-        self.nak_sent = true;
-        self.out.push_back(Out::Ack {
-            psn,
-            syndrome: Syndrome::RnrNak {
-                timer: p.min_rnr_timer,
-            },
-            msn: self.msn,
-        });
-    }
-
-    /// Fatal request error: NAK it; a receive in progress (its WQE taken) completes in error.
-    fn fatal_nak(
+    /// rxe's error states: queue the NAK [`RespError::answer`] gives. An RNR NAK goes out for
+    /// every in-sequence attempt without a receive WQE, and the packets that follow it are then
+    /// out of sequence and get no NAK of their own. A fatal error completes a receive WQE the
+    /// message holds in error, ends the message, and moves the QP to ERR.
+    fn respond_error(
         &mut self,
         psn: Psn,
-        code: NakCode,
+        e: RespError,
         p: &RespParams,
         out: &mut dyn FnMut(Completion),
     ) -> RespEvent {
-        if let Some(wqe) = self.wqe.take() {
-            let status = if code == NakCode::InvalidRequest {
-                WcStatus::RemInvReqErr
-            } else {
-                WcStatus::RemAccessErr
-            };
-            out(self.recv_completion(p, wqe.wr_id, status, WcOpcode::Recv, 0, None, false));
+        let a = e.answer();
+        if let Some(status) = a.status {
+            self.msg.fail_wqe(status, p.dest_qpn, out);
         }
-        self.cur = None;
-        self.push_nak(psn, code)
+        let syndrome = match a.nak {
+            Nak::Rnr => Syndrome::RnrNak {
+                timer: p.min_rnr_timer,
+            },
+            Nak::Code(code) => Syndrome::Nak(code),
+        };
+        self.out.push_back(Out::Ack {
+            psn,
+            syndrome,
+            msn: self.msn,
+        });
+        if a.fatal {
+            self.msg.cur = None;
+            RespEvent::Error
+        } else {
+            self.nak_sent = true;
+            RespEvent::None
+        }
     }
 
     fn remember(&mut self, p: &RespParams, r: Resource) {
@@ -708,6 +567,57 @@ impl Responder {
     }
 }
 
+/// Where a request's PSN stands (rxe `check_psn`).
+enum PsnCheck {
+    Duplicate,
+    InSequence,
+    OutOfSequence,
+}
+
+/// rxe `check_op_valid`: the QP must allow the operation (IBA C9-88 / o10-2).
+fn check_qp_access(p: &RespParams, access: AccessFlags) -> Result<(), RespError> {
+    if p.access.contains(access) {
+        Ok(())
+    } else {
+        Err(RespError::QpAccess)
+    }
+}
+
+/// The checks of a READ request: its RETH, its length (IBA 9.4.4: at most 2^31 bytes), the
+/// QP's access and the rkey.
+fn check_read(pkt: &Packet<'_>, p: &RespParams, mem: &dyn MemoryAccess) -> Result<Reth, RespError> {
+    let reth = pkt.reth.ok_or(RespError::Malformed)?;
+    if reth.dma_len > 1 << 31 {
+        return Err(RespError::Length);
+    }
+    check_qp_access(p, AccessFlags::REMOTE_READ)?;
+    check_rkey(mem, &reth, AccessFlags::REMOTE_READ)?;
+    Ok(reth)
+}
+
+/// The checks of an atomic request: its AtomicETH, the QP's access and the address's
+/// alignment (IBA C9-101: 8 bytes); the rkey is checked as it executes. Returns the operation.
+fn check_atomic(
+    pkt: &Packet<'_>,
+    kind: Kind,
+    p: &RespParams,
+) -> Result<(AtomicEth, AtomicOp), RespError> {
+    let a = pkt.atomic_eth.ok_or(RespError::Malformed)?;
+    check_qp_access(p, AccessFlags::REMOTE_ATOMIC)?;
+    if a.va % 8 != 0 {
+        return Err(RespError::Misaligned);
+    }
+    let op = if kind == Kind::CompareSwap {
+        AtomicOp::CompareSwap {
+            compare: a.compare,
+            swap: a.swap_add,
+        }
+    } else {
+        AtomicOp::FetchAdd { add: a.swap_add }
+    };
+    Ok((a, op))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -774,6 +684,15 @@ mod tests {
             rkey,
             dma_len: data.len() as u32,
         });
+        p
+    }
+
+    fn read(psn: u32, va: u64, rkey: u32, dma_len: u32) -> Packet<'static> {
+        let mut p = Packet::new(
+            Bth::new(Opcode::RC_RDMA_READ_REQUEST, 1, Psn::new(psn)),
+            &[],
+        );
+        p.reth = Some(Reth { va, rkey, dma_len });
         p
     }
 
@@ -880,12 +799,7 @@ mod tests {
         let mr = t.mem.register(1000, AccessFlags(0xf));
         let data = pattern(3, 1000);
         t.mem.write(mr.addr, &data);
-        let mut p = Packet::new(Bth::new(Opcode::RC_RDMA_READ_REQUEST, 1, Psn::new(10)), &[]);
-        p.reth = Some(Reth {
-            va: mr.addr,
-            rkey: mr.rkey,
-            dma_len: 1000,
-        });
+        let p = read(10, mr.addr, mr.rkey, 1000);
         t.feed(p);
         let o = t.out();
         assert_eq!(
@@ -902,12 +816,7 @@ mod tests {
         assert_eq!(t.r.epsn, Psn::new(14));
         // Memory changes; the requester asks again from PSN 12 (offset 512).
         t.mem.write(mr.addr + 512, &[0xee; 488]);
-        let mut p = Packet::new(Bth::new(Opcode::RC_RDMA_READ_REQUEST, 1, Psn::new(12)), &[]);
-        p.reth = Some(Reth {
-            va: mr.addr + 512,
-            rkey: mr.rkey,
-            dma_len: 488,
-        });
+        let p = read(12, mr.addr + 512, mr.rkey, 488);
         t.feed(p);
         let o = t.out();
         assert_eq!(
@@ -919,12 +828,7 @@ mod tests {
         );
         assert!(o.iter().all(|x| x.3.iter().all(|&b| b == 0xee)));
         // A "duplicate" asking for more than the original is refused.
-        let mut p = Packet::new(Bth::new(Opcode::RC_RDMA_READ_REQUEST, 1, Psn::new(12)), &[]);
-        p.reth = Some(Reth {
-            va: mr.addr + 512,
-            rkey: mr.rkey,
-            dma_len: 600,
-        });
+        let p = read(12, mr.addr + 512, mr.rkey, 600);
         t.feed(p);
         assert!(t.out().is_empty());
     }
@@ -1003,5 +907,112 @@ mod tests {
             o.last().unwrap().2,
             Some(Syndrome::Nak(NakCode::InvalidRequest))
         );
+    }
+
+    #[test]
+    fn write_with_imm_without_receive_is_rnr_naked_and_resumes_at_its_last() {
+        let mut t = T::new();
+        let mr = t.mem.register(1024, AccessFlags(0xf));
+        let d = pattern(5, 300);
+        let mut first = Packet::new(
+            Bth::new(Opcode::RC_RDMA_WRITE_FIRST, 1, Psn::new(10)),
+            &d[..256],
+        );
+        first.reth = Some(Reth {
+            va: mr.addr,
+            rkey: mr.rkey,
+            dma_len: 300,
+        });
+        let mut last = Packet::new(
+            Bth::new(Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, 1, Psn::new(11)),
+            &d[256..],
+        );
+        last.immdt = Some(0x1234);
+        t.feed(first);
+        assert_eq!(t.feed(last), RespEvent::None);
+        let rnr = Some(Syndrome::RnrNak { timer: 3 });
+        assert_eq!(
+            t.out().iter().map(|o| (o.1, o.2)).collect::<Vec<_>>(),
+            vec![(11, rnr)]
+        );
+        assert_eq!(t.r.epsn, Psn::new(11));
+        t.r.rq.push_back(RecvWqe {
+            wr_id: 9,
+            sg_list: vec![],
+        });
+        t.feed(last);
+        assert_eq!(
+            (
+                t.comps[0].wr_id,
+                t.comps[0].opcode,
+                t.comps[0].byte_len,
+                t.comps[0].imm_data
+            ),
+            (9, WcOpcode::RecvRdmaWithImm, 300, Some(0x1234))
+        );
+        assert_eq!(t.mem.read(mr.addr, 300), d);
+        assert_eq!(
+            t.out(),
+            vec![(Opcode::RC_ACKNOWLEDGE, 11, ACK, vec![], None)]
+        );
+        assert_eq!(t.r.msn, 1);
+    }
+
+    #[test]
+    fn a_fatal_error_completes_the_held_receive_and_naks() {
+        let mut t = T::new();
+        let mr = t.mem.register(1024, AccessFlags(0xf));
+        t.r.rq.push_back(RecvWqe {
+            wr_id: 4,
+            sg_list: vec![mr.sge(0, 1024)],
+        });
+        t.feed(Packet::new(
+            Bth::new(Opcode::RC_SEND_FIRST, 1, Psn::new(10)),
+            &[1; 256],
+        ));
+        // A WRITE inside the SEND: out of the opcode sequence.
+        assert_eq!(
+            t.feed(write(11, mr.addr, mr.rkey, &[2; 8])),
+            RespEvent::Error
+        );
+        assert_eq!(
+            (t.comps[0].wr_id, t.comps[0].status, t.comps[0].byte_len),
+            (4, WcStatus::RemInvReqErr, 0)
+        );
+        assert_eq!(
+            t.out().last().map(|o| (o.1, o.2)),
+            Some((11, Some(Syndrome::Nak(NakCode::InvalidRequest))))
+        );
+        // A misaligned atomic and a READ the QP does not allow.
+        let mut t = T::new();
+        let mr = t.mem.register(64, AccessFlags(0xf));
+        let mut a = Packet::new(Bth::new(Opcode::RC_FETCH_ADD, 1, Psn::new(10)), &[]);
+        a.atomic_eth = Some(AtomicEth {
+            va: mr.addr + 4,
+            rkey: mr.rkey,
+            swap_add: 1,
+            compare: 0,
+        });
+        assert_eq!(t.feed(a), RespEvent::Error);
+        let r = read(10, mr.addr, mr.rkey, 8);
+        let mut buf = vec![0u8; 2048];
+        let n = r.emit(&mut buf).unwrap();
+        let r = Packet::parse(&buf[..n]).unwrap();
+        let p = RespParams {
+            access: AccessFlags::REMOTE_WRITE,
+            ..P
+        };
+        assert_eq!(
+            t.r.on_request(&r, &p, &t.mem, None, &mut |_| {}),
+            RespEvent::Error
+        );
+        assert_eq!(
+            t.out().iter().map(|o| (o.1, o.2)).collect::<Vec<_>>(),
+            vec![
+                (10, Some(Syndrome::Nak(NakCode::InvalidRequest))),
+                (10, Some(Syndrome::Nak(NakCode::RemoteAccessError))),
+            ]
+        );
+        assert!(t.comps.is_empty());
     }
 }
