@@ -15,6 +15,8 @@ pub(crate) mod srq;
 pub use error::EndpointError;
 pub(crate) mod qp;
 pub(crate) mod receive;
+#[cfg(test)]
+mod sim;
 pub(crate) mod stats;
 pub(crate) mod transmit;
 
