@@ -55,6 +55,9 @@ pub(crate) struct Engine {
     pollfds: Vec<libc::pollfd>,
     /// The application drives this round (its CQ poll, busy): see [`Engine::ready_sockets`].
     pub app_driving: bool,
+    /// The sockets the caller of this round already found readable (bit `k`: socket `k`), so
+    /// that the round does not poll them again (the progress thread's spin).
+    pub known_ready: Option<u32>,
     /// The socket that last had something to read, and when all of them are next polled.
     hot: usize,
     next_full_poll: Instant,
@@ -98,6 +101,7 @@ impl Engine {
             misrouted: 0,
             pollfds: Vec::with_capacity(io.fds.len()),
             app_driving: false,
+            known_ready: None,
             hot: 0,
             next_full_poll: Instant::now(),
             handed: Vec::new(),
@@ -316,6 +320,9 @@ impl Engine {
     /// socket that last had traffic, and polls all of them every [`FULL_POLL_EVERY`]; a round
     /// of the progress thread (woken by any socket) polls all.
     fn ready_sockets(&mut self, io: &Io, now: Instant) -> u32 {
+        if let Some(mask) = self.known_ready.take() {
+            return mask;
+        }
         if io.fds.len() <= 1 {
             return u32::MAX;
         }
@@ -364,8 +371,13 @@ fn readable(fds: &[RawFd], pollfds: &mut Vec<libc::pollfd>) -> u32 {
         // Interrupted, say: read them all.
         return u32::MAX;
     }
-    pollfds
-        .iter()
+    ready_mask(pollfds)
+}
+
+/// The sockets of `fds` whose last poll found them readable (bit `k`: `fds[k]`; past 31, bit
+/// 31).
+pub(crate) fn ready_mask(fds: &[libc::pollfd]) -> u32 {
+    fds.iter()
         .enumerate()
         .filter(|(_, p)| p.revents != 0)
         .fold(0, |m, (k, _)| m | 1 << k.min(31))

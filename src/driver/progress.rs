@@ -4,6 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::engine::ready_mask;
 use super::runtime::Runtime;
 use super::socket::Io;
 
@@ -116,8 +117,11 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
                     continue;
                 }
                 s.woke();
+                let ready = ready_mask(&fds[1..=n]);
                 if handed_over {
                     s.drive_forwarded();
+                } else if ready != 0 {
+                    s.drive_ready(ready);
                 } else {
                     s.drive();
                 }
@@ -127,11 +131,12 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
                     // tens of µs here. Keep looking for a short while before sleeping again.
                     let mut last = Instant::now();
                     while last.elapsed() < SPIN && !io.stopped() && !s.app_polling(POLL_WINDOW) {
-                        if readable(&mut fds[1..=n]) {
-                            s.drive();
-                            last = Instant::now();
-                        } else {
-                            std::hint::spin_loop();
+                        match readable(&mut fds[1..=n]) {
+                            0 => std::hint::spin_loop(),
+                            ready => {
+                                s.drive_ready(ready);
+                                last = Instant::now();
+                            }
                         }
                     }
                 }
@@ -144,8 +149,12 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
 /// How long the progress thread keeps looking after serving a datagram.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// Whether one of the sockets of `fds` has something to read, without waiting.
-fn readable(fds: &mut [libc::pollfd]) -> bool {
+/// Which of the sockets of `fds` have something to read (bit `k`: `fds[k]`; past 31, bit
+/// 31), without waiting.
+fn readable(fds: &mut [libc::pollfd]) -> u32 {
     // SAFETY: `fds` is a live array of `fds.len()` pollfd structures.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) > 0 }
+    if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) } <= 0 {
+        return 0;
+    }
+    ready_mask(fds)
 }

@@ -87,6 +87,20 @@ impl Runtime {
         self.kick_if_earlier(e.next_deadline());
     }
 
+    /// Drive once, reading only the sockets in `ready` (bit `k`: socket `k`), which the caller
+    /// just found readable (the progress thread's spin: no second `poll`).
+    pub(crate) fn drive_ready(&self, ready: u32) {
+        if guards_held() {
+            self.io.wake();
+            return;
+        }
+        let mut e = self.lock_engine();
+        e.known_ready = Some(ready);
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        e.known_ready = None;
+        self.kick_if_earlier(e.next_deadline());
+    }
+
     /// Drive once, reading the forward sockets too (something arrived on one: see
     /// `driver::forward`).
     pub(crate) fn drive_forwarded(&self) {
