@@ -131,7 +131,13 @@ impl Side {
         let cqs: Vec<_> = (0..ncq)
             .map(|_| ctx.create_cq(4096, None).unwrap())
             .collect();
-        let mr = pd.alloc_mr(BW_LEN, ALL).unwrap();
+        // Memory the program owns, registered as a C program registers it (`ibv_reg_mr`): the
+        // transport copies without a lock, and a side can spin on it as perftest does.
+        let buf: &'static mut [u8] = Box::leak(vec![0u8; BW_LEN].into_boxed_slice());
+        // SAFETY: the buffer is leaked (never freed, never moved) and this program holds no
+        // reference into it: every access goes through the region (`read`/`write`).
+        let mr =
+            unsafe { pd.register_raw(buf.as_mut_ptr(), BW_LEN, buf.as_ptr() as u64, ALL) }.unwrap();
         let rss_before_qps = rss_kb();
         let qps = (0..nqp)
             .map(|i| {
@@ -339,6 +345,27 @@ fn wait_byte(s: &Side, off: usize, want: u8, stop: Option<&AtomicBool>) -> bool 
     }
 }
 
+/// Spin on the byte at `off` of our MR until it is `want`, without calling into the library:
+/// exactly what perftest's `ib_write_lat` does between reaping its own send completion and
+/// posting its next WRITE (the peer's WRITE lands only if the progress thread drives the
+/// transport meanwhile).
+fn spin_byte(s: &Side, off: usize, want: u8, stop: Option<&AtomicBool>) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if s.byte(off) == want {
+            return true;
+        }
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return false;
+        }
+        assert!(
+            stop.is_some() || t0.elapsed() < WAIT,
+            "no WRITE within {WAIT:?}"
+        );
+        std::hint::spin_loop();
+    }
+}
+
 /// The counter byte of ping-pong iteration `i`: 1..=255, never equal to the previous one.
 fn counter(i: usize) -> u8 {
     (i % 255 + 1) as u8
@@ -453,8 +480,9 @@ fn server_main() {
                             Done::Side(s)
                         })
                     }
-                    "writeecho" => {
+                    "writeecho" | "writeecho-spin" => {
                         let peer = (w[3].parse().unwrap(), w[4].parse().unwrap());
+                        let spin = w[1] == "writeecho-spin";
                         thread::spawn(move || {
                             let (remote, rkey): (u64, u32) = peer;
                             let op = SendOp::RdmaWrite {
@@ -462,11 +490,19 @@ fn server_main() {
                                 rkey,
                             };
                             for i in 0..n {
-                                if !wait_byte(&s, OFF_WDST + 1, counter(i), Some(&st)) {
+                                let arrived = if spin {
+                                    spin_byte(&s, OFF_WDST + 1, counter(i), Some(&st))
+                                } else {
+                                    wait_byte(&s, OFF_WDST + 1, counter(i), Some(&st))
+                                };
+                                if !arrived {
                                     break;
                                 }
                                 s.mr.write(OFF_WSRC, &[0, counter(i)]).unwrap();
                                 s.post_send(0, i as u64, op, OFF_WSRC, 2);
+                                if spin && !wait_for(s.cq(), WcOpcode::RdmaWrite, Some(&st)) {
+                                    break;
+                                }
                             }
                             Done::Side(s)
                         })
@@ -721,9 +757,14 @@ impl Bench {
         })
     }
 
-    fn lat_write(&mut self) -> Lat {
+    /// The WRITE ping-pong. `spin`: as perftest's `ib_write_lat` runs it — each side waits for
+    /// its WRITE's completion, then spins on its memory without calling into the library (the
+    /// peer's WRITE lands only if the progress thread drives the transport); otherwise each side
+    /// polls its CQ while it watches its memory.
+    fn lat_write(&mut self, spin: bool) -> Lat {
         let n = LAT_WARMUP + LAT_ITERS;
-        self.rc(1, false, &format!("writeecho {n} {{peer}}"), |me, peer| {
+        let server = if spin { "writeecho-spin" } else { "writeecho" };
+        self.rc(1, false, &format!("{server} {n} {{peer}}"), |me, peer| {
             let op = SendOp::RdmaWrite {
                 remote_addr: peer.addr + OFF_WDST as u64,
                 rkey: peer.rkey,
@@ -731,7 +772,12 @@ impl Bench {
             lat(|i| {
                 me.mr.write(OFF_WSRC, &[0, counter(i)]).unwrap();
                 me.post_send(0, i as u64, op, OFF_WSRC, 2);
-                wait_byte(me, OFF_WDST + 1, counter(i), None);
+                if spin {
+                    wait_for(me.cq(), WcOpcode::RdmaWrite, None);
+                    spin_byte(me, OFF_WDST + 1, counter(i), None);
+                } else {
+                    wait_byte(me, OFF_WDST + 1, counter(i), None);
+                }
             })
         })
     }
@@ -1124,7 +1170,13 @@ fn client_main() {
         &mut b,
         "lat-write",
         "RC WRITE ping-pong, 2 B (ib_write_lat style)",
-        |b| b.lat_write(),
+        |b| b.lat_write(false),
+    );
+    let l_write_spin = lt(
+        &mut b,
+        "lat-write-spin",
+        "  the same, spinning on memory as ib_write_lat",
+        |b| b.lat_write(true),
     );
     let l_read = lt(
         &mut b,
@@ -1208,6 +1260,13 @@ fn client_main() {
     row("SEND MB/s", send, best, true, 0.70);
     row("SEND/RECV ping-pong µs", l_send, l_udp, false, 1.3);
     row("WRITE ping-pong µs", l_write, l_udp, false, 1.3);
+    row(
+        "  spinning on memory (ib_write_lat)",
+        l_write_spin,
+        l_udp,
+        false,
+        1.3,
+    );
     row("READ µs (server busy-polls)", l_read, l_udp, false, 2.0);
     row(
         "fetch-and-add µs (server busy-polls)",

@@ -22,20 +22,85 @@ pub(crate) fn spawn(shared: Weak<Runtime>, io: Arc<Io>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Sleep until `fd` is readable or `timeout` passes.
-fn wait_fd(fd: i32, timeout: Duration) {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `p` is a live pollfd.
-    unsafe { libc::poll(&mut p, 1, timeout.as_millis().max(1) as libc::c_int) };
+/// The wake fd, then the sockets, then the forward sockets, to poll.
+fn fill(fds: &mut Vec<libc::pollfd>, io: &Io) {
+    fds.clear();
+    fds.extend(
+        std::iter::once(io.wake_fd())
+            .chain(io.fds.iter().copied())
+            .chain(io.fwd_fds.iter().copied())
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            }),
+    );
 }
+
+/// Sleep until one of `fds` is readable or `timeout` passes.
+fn wait(fds: &mut [libc::pollfd], timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `fds` is a live array of `fds.len()` pollfd structures, `ts` a live timespec.
+    unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+}
+
+/// A look at the sockets while the progress thread stands aside for a busy-polling
+/// application. Such an application takes its datagrams within microseconds; one that has
+/// stopped calling in — ib_write_lat spins on its own memory for the peer's WRITE, which lands
+/// only when somebody drives the transport — leaves them there. So a datagram is driven here
+/// once the application has not polled for [`TAKE_WINDOW`]; while it polls, this thread sleeps
+/// (it does not spin: on a small machine that would take the application's CPU). True if it
+/// drove (the application leaves datagrams to us: watch the sockets from now on). `watch`: a
+/// datagram woke this thread (else it is a periodic look, every [`LOOK_EVERY`]).
+fn stand_aside(s: &Runtime, socks: &mut [libc::pollfd], watch: bool) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if s.app_polling(TAKE_WINDOW) && !watch {
+            // A periodic look while the application polls: nothing to do (and no second
+            // wake-up to pay).
+            return false;
+        }
+        if s.app_polling(TAKE_WINDOW) && t0.elapsed() < 4 * TAKE_WINDOW {
+            // It polls: whatever waits is about to be its own. Look again in a while.
+            wait(&mut [], TAKE_WINDOW);
+            if t0.elapsed() >= TAKE_WINDOW && readable(socks) == 0 {
+                return false;
+            }
+            continue;
+        }
+        // Unless the application is inside a verb this very moment (posting, say: it holds the
+        // engine, and will poll next).
+        return match readable(socks) {
+            0 => false,
+            ready => s.try_drive_ready(ready),
+        };
+    }
+}
+
+/// How long a busy-polling application is given to take a datagram before the progress thread
+/// takes it (a busy loop polls its CQ every microsecond or two).
+const TAKE_WINDOW: Duration = Duration::from_micros(20);
+/// How often the progress thread looks at the sockets while it stands aside for an application
+/// that takes its datagrams itself (a wake-up per datagram would cost the application more).
+const LOOK_EVERY: Duration = POLL_WINDOW;
 
 fn run(shared: Weak<Runtime>, io: Arc<Io>) {
     let mut last_check = Instant::now();
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(io.fds.len() + 1);
+    // While standing aside: the application left a datagram to us lately (when we last
+    // drove for it), so the sockets are watched.
+    let mut watch = false;
+    let mut last_drive: Option<Instant> = None;
     loop {
         if io.stopped() {
             return;
@@ -58,10 +123,27 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
                     s.set_yielding(true);
                     if s.app_polling(POLL_WINDOW) {
                         drop(s);
-                        wait_fd(io.wake_fd(), POLL_WINDOW);
-                        io.drain_wake();
+                        // Asleep on the wake fd, and on the sockets too while the application
+                        // leaves datagrams to us (`watch`); otherwise it looks at them every
+                        // `LOOK_EVERY` (see `stand_aside`).
+                        fill(&mut fds, &io);
+                        let n = io.fds.len();
+                        if watch {
+                            wait(&mut fds[..=n], POLL_WINDOW);
+                        } else {
+                            wait(&mut fds[..1], LOOK_EVERY);
+                        }
+                        if fds[0].revents != 0 {
+                            io.drain_wake();
+                        }
                         if let Some(s) = shared.upgrade() {
                             s.set_yielding(false);
+                            if stand_aside(&s, &mut fds[1..=n], watch) {
+                                last_drive = Some(Instant::now());
+                            }
+                            // Watch while the application has left datagrams to us lately
+                            // (taking its own ACKs in between, as ib_write_lat does).
+                            watch = last_drive.is_some_and(|t| t.elapsed() < POLL_WINDOW);
                         }
                     } else {
                         s.set_yielding(false);
@@ -81,28 +163,14 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
             }
             None => return,
         };
-        // Round up so a deadline 0.3 ms away does not become a busy loop of 0 ms polls.
-        let ms = (sleep.as_micros() as i64 + 999) / 1000;
-        // The wake fd, then the sockets.
-        fds.clear();
-        fds.extend(
-            std::iter::once(io.wake_fd())
-                .chain(io.fds.iter().copied())
-                .chain(io.fwd_fds.iter().copied())
-                .map(|fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                }),
+        fill(&mut fds, &io);
+        // Whole milliseconds, rounded up: a deadline 0.3 ms away does not become a run of
+        // short wake-ups (the transport's timers are not that fine; the application's own
+        // polls serve a busy connection).
+        wait(
+            &mut fds,
+            Duration::from_millis((sleep.as_micros() as u64).div_ceil(1000)),
         );
-        // SAFETY: `fds` is a live array of `fds.len()` pollfd structures.
-        unsafe {
-            libc::poll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                ms as libc::c_int,
-            )
-        };
         if fds[0].revents != 0 {
             io.drain_wake();
         }
@@ -112,8 +180,13 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
         match shared.upgrade() {
             Some(s) => {
                 if s.app_polling(POLL_WINDOW) {
-                    // Woken by a packet the busy-polling application is about to take.
+                    // Woken by a packet while the application polls: it takes it, or leaves it
+                    // to us (see `stand_aside`).
                     s.woke();
+                    if datagram && stand_aside(&s, &mut fds[1..=n], true) {
+                        last_drive = Some(Instant::now());
+                        watch = true;
+                    }
                     continue;
                 }
                 s.woke();

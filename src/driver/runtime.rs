@@ -101,6 +101,21 @@ impl Runtime {
         self.kick_if_earlier(e.next_deadline());
     }
 
+    /// [`Runtime::drive_ready`] unless another thread holds the engine; false if it did not
+    /// drive.
+    pub(crate) fn try_drive_ready(&self, ready: u32) -> bool {
+        let mut e = match self.engine.try_lock() {
+            Ok(e) => e,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        e.known_ready = Some(ready);
+        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        e.known_ready = None;
+        self.kick_if_earlier(e.next_deadline());
+        true
+    }
+
     /// Drive once, reading the forward sockets too (something arrived on one: see
     /// `driver::forward`).
     pub(crate) fn drive_forwarded(&self) {
@@ -181,6 +196,18 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// An application thread is at work with the device (it polled a CQ or posted): the
+    /// progress thread stands aside (see `driver::progress`).
+    pub(crate) fn note_app(&self) {
+        if guards_held() {
+            // This thread may not drive (see `MrGuard`): the progress thread must not stand
+            // aside for it.
+            return;
+        }
+        let t = self.epoch.elapsed().as_micros() as u64;
+        self.last_app_poll.store(t, Ordering::Relaxed);
+    }
+
     /// True while an application thread has busy-polled within `window`.
     pub(crate) fn app_polling(&self, window: Duration) -> bool {
         let last = self.last_app_poll.load(Ordering::SeqCst);
