@@ -24,7 +24,7 @@ use crate::cm::private_data::CmaHdr;
 use crate::cm::service_id;
 use crate::cm::sidr_manager::{SidrRequestInfo, SidrStatus};
 use crate::transport::{AccessFlags, AddressVector, Mtu, QpAttr, QpState};
-use crate::verbs::{Context, Shared};
+use crate::verbs::{Context, WeakContext};
 use crate::wire::gid::gid_to_ip;
 
 /// Bumped whenever an id is destroyed, so each core sweeps its tables soon after.
@@ -54,7 +54,7 @@ impl ConnRec {
 pub(crate) struct CmaCore {
     /// The device's IB CM endpoint (QP1), owned while rdma_cm uses the device.
     pub ep: CmEndpoint,
-    shared: Option<Weak<Shared>>,
+    ctx: Option<WeakContext>,
     listeners: Listeners,
     conns: HashMap<u32, ConnRec>,
     gen_seen: u64,
@@ -65,7 +65,7 @@ impl CmaCore {
     pub fn new(ep: CmEndpoint) -> Self {
         CmaCore {
             ep,
-            shared: None,
+            ctx: None,
             listeners: Listeners::default(),
             conns: HashMap::new(),
             gen_seen: 0,
@@ -74,16 +74,13 @@ impl CmaCore {
 
     /// Remember the context this core belongs to (ids of incoming connections get it).
     pub fn attach(&mut self, ctx: &Context) {
-        if self.shared.is_none() {
-            self.shared = Some(Arc::downgrade(&ctx.shared));
+        if self.ctx.is_none() {
+            self.ctx = Some(ctx.downgrade());
         }
     }
 
     fn context(&self) -> Option<Context> {
-        self.shared
-            .as_ref()
-            .and_then(|w| w.upgrade())
-            .map(|shared| Context { shared })
+        self.ctx.as_ref().and_then(WeakContext::upgrade)
     }
 
     /// Listen for `sid` with the id `inner` bound to `addr` (a wildcard or one address).

@@ -262,6 +262,23 @@ impl Context {
     }
 }
 
+/// A context that does not keep its device open (rdma_cm's per-device core holds one: the
+/// device closes with the application's last handle).
+#[derive(Clone)]
+pub(crate) struct WeakContext(std::sync::Weak<Shared>);
+
+impl WeakContext {
+    pub(crate) fn upgrade(&self) -> Option<Context> {
+        self.0.upgrade().map(|shared| Context { shared })
+    }
+}
+
+impl Context {
+    pub(crate) fn downgrade(&self) -> WeakContext {
+        WeakContext(Arc::downgrade(&self.shared))
+    }
+}
+
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

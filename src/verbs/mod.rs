@@ -44,4 +44,4 @@ pub use crate::transport::{
     SendFlags, SendOp, SendWqe, Sge, WcGrh, WcOpcode, WcStatus,
 };
 
-pub(crate) use context::Shared;
+pub(crate) use context::WeakContext;
