@@ -156,17 +156,7 @@ impl MrInner {
                 let cell = &mut buf[start + off..start + off + 8];
                 // Atomics operate on host-order 64-bit words, as on the hosts rxe runs on.
                 let orig = u64::from_ne_bytes(cell.try_into().expect("8 bytes"));
-                let new = match op {
-                    AtomicOp::CompareSwap { compare, swap } => {
-                        if orig == compare {
-                            swap
-                        } else {
-                            orig
-                        }
-                    }
-                    AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
-                };
-                cell.copy_from_slice(&new.to_ne_bytes());
+                cell.copy_from_slice(&op.apply(orig).to_ne_bytes());
                 Ok(orig)
             }
             Backing::Raw(base) => {

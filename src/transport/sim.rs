@@ -223,17 +223,7 @@ impl MemoryAccess for VecMemory {
             let mut b = [0u8; 8];
             b.copy_from_slice(m);
             let orig = u64::from_ne_bytes(b);
-            let new = match op {
-                AtomicOp::CompareSwap { compare, swap } => {
-                    if orig == compare {
-                        swap
-                    } else {
-                        orig
-                    }
-                }
-                AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
-            };
-            m.copy_from_slice(&new.to_ne_bytes());
+            m.copy_from_slice(&op.apply(orig).to_ne_bytes());
             orig
         })
     }

@@ -408,3 +408,32 @@ pub enum AtomicOp {
     CompareSwap { compare: u64, swap: u64 },
     FetchAdd { add: u64 },
 }
+
+impl AtomicOp {
+    /// The word's new value when it held `orig` (the operation returns `orig`).
+    pub fn apply(self, orig: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } if orig == compare => swap,
+            AtomicOp::CompareSwap { .. } => orig,
+            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
+        }
+    }
+}
+
+#[cfg(test)]
+mod atomic_tests {
+    use super::AtomicOp;
+
+    #[test]
+    fn atomic_ops_compute_the_new_word() {
+        let cas = AtomicOp::CompareSwap {
+            compare: 5,
+            swap: 9,
+        };
+        assert_eq!(cas.apply(5), 9);
+        assert_eq!(cas.apply(6), 6);
+        let add = AtomicOp::FetchAdd { add: 3 };
+        assert_eq!(add.apply(u64::MAX), 2);
+        assert_eq!(add.apply(7), 10);
+    }
+}
