@@ -321,37 +321,21 @@ fn wait_for(cq: &CompletionQueue, op: WcOpcode, stop: Option<&AtomicBool>) -> bo
     }
 }
 
-/// Poll `cq` (which drives the transport and reaps our own send completions) until the byte at
-/// `off` of our MR is `want`, as perftest's `ib_write_lat` polls the last byte of its buffer.
-fn wait_byte(s: &Side, off: usize, want: u8, stop: Option<&AtomicBool>) -> bool {
+/// Wait until the byte at `off` of our MR is `want`, as perftest's `ib_write_lat` watches the
+/// last byte of its buffer: polling `cq` meanwhile (which drives the transport and reaps our
+/// own send completions), or, with `spin`, without calling into the library at all — exactly
+/// what `ib_write_lat` does between reaping its own send completion and posting its next WRITE
+/// (the peer's WRITE lands only if the progress thread drives the transport meanwhile).
+fn wait_byte(s: &Side, off: usize, want: u8, spin: bool, stop: Option<&AtomicBool>) -> bool {
     let t0 = Instant::now();
     let mut wc = [WorkCompletion::default(); 4];
     loop {
-        let k = s.cq().poll(&mut wc).unwrap();
-        for c in &wc[..k] {
-            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        if !spin {
+            let k = s.cq().poll(&mut wc).unwrap();
+            for c in &wc[..k] {
+                assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            }
         }
-        if s.byte(off) == want {
-            return true;
-        }
-        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
-            return false;
-        }
-        assert!(
-            stop.is_some() || t0.elapsed() < WAIT,
-            "no WRITE within {WAIT:?}"
-        );
-        std::hint::spin_loop();
-    }
-}
-
-/// Spin on the byte at `off` of our MR until it is `want`, without calling into the library:
-/// exactly what perftest's `ib_write_lat` does between reaping its own send completion and
-/// posting its next WRITE (the peer's WRITE lands only if the progress thread drives the
-/// transport meanwhile).
-fn spin_byte(s: &Side, off: usize, want: u8, stop: Option<&AtomicBool>) -> bool {
-    let t0 = Instant::now();
-    loop {
         if s.byte(off) == want {
             return true;
         }
@@ -490,12 +474,7 @@ fn server_main() {
                                 rkey,
                             };
                             for i in 0..n {
-                                let arrived = if spin {
-                                    spin_byte(&s, OFF_WDST + 1, counter(i), Some(&st))
-                                } else {
-                                    wait_byte(&s, OFF_WDST + 1, counter(i), Some(&st))
-                                };
-                                if !arrived {
+                                if !wait_byte(&s, OFF_WDST + 1, counter(i), spin, Some(&st)) {
                                     break;
                                 }
                                 s.mr.write(OFF_WSRC, &[0, counter(i)]).unwrap();
@@ -774,10 +753,8 @@ impl Bench {
                 me.post_send(0, i as u64, op, OFF_WSRC, 2);
                 if spin {
                     wait_for(me.cq(), WcOpcode::RdmaWrite, None);
-                    spin_byte(me, OFF_WDST + 1, counter(i), None);
-                } else {
-                    wait_byte(me, OFF_WDST + 1, counter(i), None);
                 }
+                wait_byte(me, OFF_WDST + 1, counter(i), spin, None);
             })
         })
     }
