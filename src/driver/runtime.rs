@@ -208,6 +208,14 @@ impl Runtime {
         self.last_app_poll.store(t, Ordering::Relaxed);
     }
 
+    /// An application that polls its CQs posts: it is at work (a long post must not look like
+    /// the end of its polling). One that does not poll is left to the progress thread.
+    pub(crate) fn note_app_post(&self) {
+        if self.app_polling(super::progress::POLL_WINDOW) {
+            self.note_app();
+        }
+    }
+
     /// True while an application thread has busy-polled within `window`.
     pub(crate) fn app_polling(&self, window: Duration) -> bool {
         let last = self.last_app_poll.load(Ordering::SeqCst);

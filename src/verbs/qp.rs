@@ -229,8 +229,8 @@ impl QueuePair {
     /// [`MrGuard`](super::MrGuard)).
     fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> Result<R> {
         let mut e = self.shared.lock_engine_for_verb()?;
-        // Posting is the application at work: the progress thread stays out of its way.
-        self.shared.note_app();
+        // Posting is a polling application at work: the progress thread stays out of its way.
+        self.shared.note_app_post();
         let slot = e
             .qp_mut(self.qpn)
             .expect("a live QueuePair has an engine slot");
