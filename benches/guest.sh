@@ -59,6 +59,7 @@ runall() {
   pair \$tag-send ib_send_bw "\$@" -F -s 65536 -n $ITERS
   pair \$tag-lat ib_send_lat "\$@" -F -s 64 -n $LAT_ITERS
 }
+cat /sys/devices/system/clocksource/clocksource0/current_clocksource > /host/clocksource 2>&1
 # softrdma first: rdma_rxe (loaded at boot) must not hold UDP 4791.
 rmmod rdma_rxe 2>/dev/null
 LD_LIBRARY_PATH=/host/lib runall softrdma -x 1
@@ -95,6 +96,7 @@ s=$(lat "$SHARE/softrdma-lat-client.log"); k=$(lat "$SHARE/kernel-lat-client.log
 r=$(awk -v s="${s:-0}" -v k="${k:-0}" 'BEGIN { if (s > 0 && k > 0) printf "%.2f", s / k; else print "-" }')
 printf '%-34s %12s %12s %8s\n' "ib_send_lat 64 B typical, µs" "${s:--}" "${k:--}" "$r"
 echo "(logs: $SHARE/*-client.log, *-server.log)"
+echo "guest clocksource: $(cat "$SHARE/clocksource" 2>/dev/null)"
 if [ -s "$SHARE/twoproc.log" ]; then
   echo "two-process benchmark in the guest (softrdma's device on eth0, before rdma_rxe), round trips:"
   grep -E 'ping-pong|READ, 8 B' "$SHARE/twoproc.log" | sed 's/^/  /'

@@ -136,8 +136,10 @@ impl Runtime {
             // standing aside.
             return;
         }
-        let t = self.epoch.elapsed().as_micros() as u64;
-        self.last_app_poll.store(t, Ordering::Relaxed);
+        // One clock read for the note and the round (see `Runtime::note_app`).
+        let now = Instant::now();
+        self.last_app_poll
+            .store(self.micros(now), Ordering::Relaxed);
         let mut e = match self.engine.try_lock() {
             Ok(e) => e,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
@@ -145,7 +147,7 @@ impl Runtime {
         };
         self.remove_deferred(&mut e);
         e.app_driving = true;
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
+        e.drive(&self.io, &self.mrs, &self.async_events, now);
         e.app_driving = false;
         self.kick_if_earlier(e.next_deadline());
     }
@@ -196,31 +198,37 @@ impl Runtime {
 }
 
 impl Runtime {
-    /// An application thread is at work with the device (it polled a CQ or posted): the
-    /// progress thread stands aside (see `driver::progress`).
-    pub(crate) fn note_app(&self) {
+    /// An application thread is at work with the device at `now` (it polled a CQ or posted):
+    /// the progress thread stands aside (see `driver::progress`). The caller passes the time it
+    /// read anyway: a clock read is a system call where the clock source is no TSC (qemu's
+    /// guests read an HPET), and a busy poll must not make two.
+    pub(crate) fn note_app(&self, now: Instant) {
         if guards_held() {
             // This thread may not drive (see `MrGuard`): the progress thread must not stand
             // aside for it.
             return;
         }
-        let t = self.epoch.elapsed().as_micros() as u64;
-        self.last_app_poll.store(t, Ordering::Relaxed);
+        self.last_app_poll
+            .store(self.micros(now), Ordering::Relaxed);
     }
 
-    /// An application that polls its CQs posts: it is at work (a long post must not look like
-    /// the end of its polling). One that does not poll is left to the progress thread.
-    pub(crate) fn note_app_post(&self) {
-        if self.app_polling(super::progress::POLL_WINDOW) {
-            self.note_app();
+    /// An application that polls its CQs posts at `now`: it is at work (a long post must not
+    /// look like the end of its polling). One that does not poll is left to the progress
+    /// thread.
+    pub(crate) fn note_app_post(&self, now: Instant) {
+        if self.app_polling_at(super::progress::POLL_WINDOW, now) {
+            self.note_app(now);
         }
     }
 
     /// True while an application thread has busy-polled within `window`.
     pub(crate) fn app_polling(&self, window: Duration) -> bool {
+        self.app_polling_at(window, Instant::now())
+    }
+
+    fn app_polling_at(&self, window: Duration, now: Instant) -> bool {
         let last = self.last_app_poll.load(Ordering::SeqCst);
-        let now = self.epoch.elapsed().as_micros() as u64;
-        last != 0 && now.saturating_sub(last) < window.as_micros() as u64
+        last != 0 && self.micros(now).saturating_sub(last) < window.as_micros() as u64
     }
 
     /// The application is about to sleep (it armed a CQ or blocks on a channel): the progress

@@ -25,7 +25,7 @@ impl CompletionQueue {
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         let n = self.inner.pop_into(out)?;
         if n > 0 || out.is_empty() {
-            self.shared.note_app();
+            self.shared.note_app(std::time::Instant::now());
             return Ok(n);
         }
         self.shared.try_drive();

@@ -229,15 +229,16 @@ impl QueuePair {
     /// [`MrGuard`](super::MrGuard)).
     fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> Result<R> {
         let mut e = self.shared.lock_engine_for_verb()?;
+        let now = Instant::now();
         // Posting is a polling application at work: the progress thread stays out of its way.
-        self.shared.note_app_post();
+        self.shared.note_app_post(now);
         let slot = e
             .qp_mut(self.qpn)
             .expect("a live QueuePair has an engine slot");
         let r = f(slot);
         // A state change made by a verb is no async event.
         slot.last_state = slot.qp.state();
-        e.flush_qp(self.qpn, &self.shared.io, &self.shared.mrs, Instant::now());
+        e.flush_qp(self.qpn, &self.shared.io, &self.shared.mrs, now);
         if let Some(slot) = e.qp_mut(self.qpn) {
             // Transmitting can fail the QP (a local protection error, say): that is the
             // transport's doing.
