@@ -11,7 +11,7 @@ use super::socket::Io;
 /// Longest sleep, so that a dropped context's thread notices soon.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// An application that polled its CQ this recently is taken to be busy-polling.
-pub(crate) const POLL_WINDOW: Duration = Duration::from_millis(2);
+const POLL_WINDOW: Duration = Duration::from_millis(2);
 /// How often the contexts sharing the address are checked for dead ones.
 const SHARE_CHECK: Duration = Duration::from_millis(100);
 

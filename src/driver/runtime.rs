@@ -212,23 +212,10 @@ impl Runtime {
             .store(self.micros(now), Ordering::Relaxed);
     }
 
-    /// An application that polls its CQs posts at `now`: it is at work (a long post must not
-    /// look like the end of its polling). One that does not poll is left to the progress
-    /// thread.
-    pub(crate) fn note_app_post(&self, now: Instant) {
-        if self.app_polling_at(super::progress::POLL_WINDOW, now) {
-            self.note_app(now);
-        }
-    }
-
     /// True while an application thread has busy-polled within `window`.
     pub(crate) fn app_polling(&self, window: Duration) -> bool {
-        self.app_polling_at(window, Instant::now())
-    }
-
-    fn app_polling_at(&self, window: Duration, now: Instant) -> bool {
         let last = self.last_app_poll.load(Ordering::SeqCst);
-        last != 0 && self.micros(now).saturating_sub(last) < window.as_micros() as u64
+        last != 0 && self.micros(Instant::now()).saturating_sub(last) < window.as_micros() as u64
     }
 
     /// The application is about to sleep (it armed a CQ or blocks on a channel): the progress

@@ -230,8 +230,8 @@ impl QueuePair {
     fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> Result<R> {
         let mut e = self.shared.lock_engine_for_verb()?;
         let now = Instant::now();
-        // Posting is a polling application at work: the progress thread stays out of its way.
-        self.shared.note_app_post(now);
+        // Posting is the application at work: the progress thread stays out of its way.
+        self.shared.note_app(now);
         let slot = e
             .qp_mut(self.qpn)
             .expect("a live QueuePair has an engine slot");
