@@ -66,13 +66,38 @@ pub(crate) fn scatter(
     src: &[u8],
     mem: &dyn MemoryAccess,
 ) -> Result<(), MemError> {
-    if src.is_empty() {
+    walk_sges(sgl, off, src.len(), |lkey, addr, r| {
+        mem.local_write(lkey, addr, &src[r])
+    })
+}
+
+/// Gather `dst.len()` bytes of an SGE list starting at byte `off` (a send's packets).
+pub(crate) fn gather(
+    sgl: &[Sge],
+    off: usize,
+    dst: &mut [u8],
+    mem: &dyn MemoryAccess,
+) -> Result<(), MemError> {
+    walk_sges(sgl, off, dst.len(), |lkey, addr, r| {
+        mem.local_read(lkey, addr, &mut dst[r])
+    })
+}
+
+/// Bytes `[off, off + len)` of an SGE list, piece by piece: `f(lkey, address, range)` with the
+/// piece's range in the caller's `len` bytes. `OutOfBounds` if the list is shorter.
+fn walk_sges(
+    sgl: &[Sge],
+    off: usize,
+    len: usize,
+    mut f: impl FnMut(u32, u64, std::ops::Range<usize>) -> Result<(), MemError>,
+) -> Result<(), MemError> {
+    if len == 0 {
         return Ok(());
     }
     let mut skip = off as u64;
     let mut done = 0usize;
     for sge in sgl {
-        if done == src.len() {
+        if done == len {
             break;
         }
         let l = sge.length as u64;
@@ -80,12 +105,12 @@ pub(crate) fn scatter(
             skip -= l;
             continue;
         }
-        let n = ((l - skip) as usize).min(src.len() - done);
-        mem.local_write(sge.lkey, sge.addr.wrapping_add(skip), &src[done..done + n])?;
+        let n = ((l - skip) as usize).min(len - done);
+        f(sge.lkey, sge.addr.wrapping_add(skip), done..done + n)?;
         done += n;
         skip = 0;
     }
-    if done == src.len() {
+    if done == len {
         Ok(())
     } else {
         Err(MemError::OutOfBounds)

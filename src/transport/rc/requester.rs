@@ -495,10 +495,7 @@ pub(crate) fn gather(
     dst: &mut [u8],
     mem: &dyn MemoryAccess,
 ) -> Result<(), MemError> {
-    if dst.is_empty() {
-        return Ok(());
-    }
-    if e.wqe.flags.inline {
+    if e.wqe.flags.inline && !dst.is_empty() {
         let src = e
             .wqe
             .inline_data
@@ -507,31 +504,7 @@ pub(crate) fn gather(
         dst.copy_from_slice(src);
         return Ok(());
     }
-    let mut skip = off as u64;
-    let mut done = 0usize;
-    for sge in &e.wqe.sg_list {
-        if done == dst.len() {
-            break;
-        }
-        let l = sge.length as u64;
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = ((l - skip) as usize).min(dst.len() - done);
-        mem.local_read(
-            sge.lkey,
-            sge.addr.wrapping_add(skip),
-            &mut dst[done..done + n],
-        )?;
-        done += n;
-        skip = 0;
-    }
-    if done == dst.len() {
-        Ok(())
-    } else {
-        Err(MemError::OutOfBounds)
-    }
+    crate::transport::memory::gather(&e.wqe.sg_list, off, dst, mem)
 }
 
 #[cfg(test)]
