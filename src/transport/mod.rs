@@ -1,6 +1,7 @@
 //! The transport core, sans-IO: state machines fed packets and time, returning packets to send
 //! and completions. No sockets, no clocks, no threads (see [`rc::RcQp`] for the call order).
 
+mod connected;
 mod inbound;
 pub mod memory;
 mod modify;

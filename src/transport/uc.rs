@@ -39,6 +39,7 @@
 
 use std::collections::VecDeque;
 
+use crate::transport::connected::{connected_getters, ConnectedCore};
 use crate::transport::inbound::{check_mtu_length, check_rkey, Inbound, WriteCursor};
 use crate::transport::memory::MemoryAccess;
 use crate::transport::modify::modify_connected;
@@ -46,12 +47,11 @@ use crate::transport::modify::{
     ACCESS, AV, CUR_STATE, DEST_QPN, PATH_MTU, PKEY, PORT, RQ_PSN, SQ_PSN,
 };
 use crate::transport::rc::{
-    check_post_recv, check_send_state, check_send_wqe, complete, flush_all, flush_recv,
-    query_connected, Cq, PostError, QpError, ReqEvent, ReqParams, Requester, RespError,
+    check_send_wqe, complete, PostError, QpError, ReqEvent, ReqParams, Requester, RespError,
 };
 use crate::transport::srq::Srq;
 use crate::transport::types::*;
-use crate::wire::{bth, Kind, OpInfo, Packet, Psn, Service};
+use crate::wire::{Kind, OpInfo, Packet, Psn, Service};
 
 /// Required and optional attributes of a UC transition (IBA 11.2.4.2; the kernel's
 /// `qp_state_table` for `IB_QPT_UC`, without the alternate path and migration state, which
@@ -282,17 +282,9 @@ struct RxParams {
 /// A QP made by [`UcQp::with_srq`] has no receive queue: it takes receive WQEs from the shared
 /// receive queue the driver passes to [`UcQp::handle_packet_srq`].
 pub struct UcQp {
-    qpn: u32,
-    caps: QpCaps,
-    sq_sig_all: bool,
-    /// Receive WQEs come from a shared receive queue.
-    srq: bool,
-    state: QpState,
-    /// Attribute values as last set (current PSNs come from the parts).
-    attr: QpAttr,
+    core: ConnectedCore,
     req: Requester,
     rx: Receiver,
-    cq: Cq,
 }
 
 impl UcQp {
@@ -309,15 +301,9 @@ impl UcQp {
             ..QpAttr::default()
         };
         UcQp {
-            qpn: qpn & 0x00ff_ffff,
-            caps,
-            sq_sig_all,
-            srq: false,
-            state: QpState::Reset,
-            attr,
+            core: ConnectedCore::new(qpn, caps, sq_sig_all, attr),
             req: Requester::default(),
             rx: Receiver::default(),
-            cq: Cq::new(qpn & 0x00ff_ffff),
         }
     }
 
@@ -325,41 +311,17 @@ impl UcQp {
     /// each packet, [`UcQp::handle_packet_srq`]) and has none of its own: `caps.max_recv_wr`
     /// and `max_recv_sge` are ignored (0), and [`UcQp::post_recv`] fails.
     pub fn with_srq(qpn: u32, caps: QpCaps, sq_sig_all: bool) -> Self {
-        let caps = QpCaps {
-            max_recv_wr: 0,
-            max_recv_sge: 0,
-            ..caps
-        };
+        let q = UcQp::new(qpn, caps, sq_sig_all);
         UcQp {
-            srq: true,
-            ..UcQp::new(qpn, caps, sq_sig_all)
+            core: q.core.on_srq(),
+            ..q
         }
     }
 
-    pub fn qpn(&self) -> u32 {
-        self.qpn
-    }
-    pub fn state(&self) -> QpState {
-        self.state
-    }
-    pub fn caps(&self) -> QpCaps {
-        self.caps
-    }
-    /// The QP takes its receive WQEs from a shared receive queue.
-    pub fn uses_srq(&self) -> bool {
-        self.srq
-    }
+    connected_getters!();
     /// What the receiving side dropped so far.
     pub fn drops(&self) -> UcDrops {
         self.rx.drops
-    }
-
-    fn mtu(&self) -> usize {
-        self.attr.path_mtu.unwrap_or(Mtu::Mtu1024).bytes()
-    }
-
-    fn dest_qpn(&self) -> u32 {
-        self.attr.dest_qp_num.unwrap_or(0)
     }
 
     /// `ibv_modify_qp` for a UC QP (IBA 11.2.4.2): RESET→INIT needs `pkey_index`, `port_num` and
@@ -367,8 +329,8 @@ impl UcQp {
     /// address vector, `path_mtu`, `dest_qp_num` and `rq_psn`; RTR→RTS `sq_psn`. Any RC-only
     /// attribute (timeouts, retry counts, RNR timer, READ/atomic depths) or `qkey` is refused.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), QpError> {
-        let cur = self.state;
-        let next = modify_connected(cur, &mut self.attr, attr, transition, true)?;
+        let cur = self.core.state;
+        let next = modify_connected(cur, &mut self.core.attr, attr, transition, true)?;
         match (cur, next) {
             (_, QpState::Reset) => {
                 // Queues emptied without completions (the CQ keeps what it has).
@@ -379,69 +341,51 @@ impl UcQp {
             (_, QpState::Err) => self.enter_err(None),
             (QpState::Init, QpState::Rtr) => {
                 let rq = std::mem::take(&mut self.rx.rq);
-                self.rx.reset(Psn::new(self.attr.rq_psn.unwrap_or(0)));
+                self.rx.reset(Psn::new(self.core.attr.rq_psn.unwrap_or(0)));
                 self.rx.rq = rq;
             }
             (QpState::Rtr, QpState::Rts) => {
-                self.req.reset(Psn::new(self.attr.sq_psn.unwrap_or(0)));
+                self.req.reset(Psn::new(self.core.attr.sq_psn.unwrap_or(0)));
             }
             _ => {}
         }
-        self.state = next;
+        self.core.state = next;
         Ok(())
     }
 
     /// `ibv_query_qp`: the attributes that apply to UC.
     pub fn query(&self) -> QpAttr {
-        query_connected(&self.attr, self.state, &self.req, self.rx.epsn)
-    }
-
-    /// The address vector set at INIT->RTR: where packets go, and whom they are taken from.
-    pub fn destination(&self) -> Option<AddressVector> {
-        self.attr.ah_attr
+        self.core.query(&self.req, self.rx.epsn)
     }
 
     /// `ibv_post_send`: SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM. RDMA READ and
     /// atomics are refused ([`PostError::UnsupportedOp`], `EINVAL`), as the kernel's rxe refuses
     /// an opcode its table has no UC entry for.
     pub fn post_send(&mut self, wqe: SendWqe) -> Result<(), PostError> {
-        check_send_state(self.state)?;
+        self.core.check_send_state()?;
         if matches!(
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
         ) {
             return Err(PostError::UnsupportedOp);
         }
-        check_send_wqe(&wqe, &self.caps)?;
-        let mtu = self.mtu();
-        let (caps, sig_all) = (&self.caps, self.sq_sig_all);
-        self.cq
-            .queue_send(&mut self.req, caps, self.state, sig_all, mtu, wqe)
+        check_send_wqe(&wqe, &self.core.caps)?;
+        self.core.queue_send(&mut self.req, wqe)
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
-        // A WQE taken by a message in progress still occupies its slot.
-        let held = self.rx.rq.len() + self.rx.msg.wqe.is_some() as usize + self.cq.recv_pending;
-        check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
-        if self.state == QpState::Err {
-            let c = flush_recv(wqe.wr_id, self.dest_qpn());
-            self.cq.push(c);
-            return Ok(());
-        }
-        self.rx.rq.push_back(wqe);
-        Ok(())
+        let holding = self.rx.msg.wqe.is_some();
+        self.core.post_recv(&mut self.rx.rq, holding, wqe)
     }
 
     /// Move to ERR: `fail` completes the send WQE at index `at` with that status; every other
     /// outstanding send and receive WQE is flushed with WR_FLUSH_ERR. A QP on a shared receive
     /// queue flushes only the WQE its message in progress took.
     fn enter_err(&mut self, fail: Option<(usize, WcStatus)>) {
-        self.state = QpState::Err;
         let held = self.rx.msg.wqe.take();
         let rq = std::mem::take(&mut self.rx.rq);
-        let dest = self.dest_qpn();
-        flush_all(&mut self.req, fail, held, rq, dest, &mut self.cq);
+        self.core.flush_all(&mut self.req, fail, held, rq);
         self.rx.msg.cur = None;
         self.rx.dropping = false;
     }
@@ -451,44 +395,34 @@ impl UcQp {
     /// [`UcQp::with_srq`] takes [`UcQp::handle_packet_srq`] instead: given no SRQ here, it has
     /// no receive WQE for a SEND (dropped).
     pub fn handle_packet(&mut self, pkt: &Packet<'_>, mem: &dyn MemoryAccess) {
-        if self.srq {
-            let mut none = Srq::default();
-            self.on_packet(pkt, mem, Some(&mut none));
-        } else {
-            self.on_packet(pkt, mem, None);
-        }
+        let uses_srq = self.core.srq;
+        ConnectedCore::lend_srq(uses_srq, None, |srq| self.on_packet(pkt, mem, srq));
     }
 
     /// [`UcQp::handle_packet`] for a QP made by [`UcQp::with_srq`], with the shared receive
     /// queue it takes receive WQEs from (on a QP with its own receive queue, `srq` is not
     /// touched). Collect [`Srq::take_limit_event`] afterwards.
     pub fn handle_packet_srq(&mut self, pkt: &Packet<'_>, mem: &dyn MemoryAccess, srq: &mut Srq) {
-        let srq = if self.srq { Some(srq) } else { None };
-        self.on_packet(pkt, mem, srq);
+        let uses_srq = self.core.srq;
+        ConnectedCore::lend_srq(uses_srq, Some(srq), |srq| self.on_packet(pkt, mem, srq));
     }
 
     fn on_packet(&mut self, pkt: &Packet<'_>, mem: &dyn MemoryAccess, srq: Option<&mut Srq>) {
         // IBA 10.3.1: the receive side works in RTR, RTS and SQD.
-        let receiving = matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
-        // IBA 9.6.1.1 (C9-41): only the default partition exists; the membership bit is not
-        // compared.
+        let receiving = matches!(self.core.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
         let info = pkt
             .info()
             .filter(|i| i.service == Service::Uc && matches!(i.kind, Kind::Send | Kind::RdmaWrite));
-        let Some(info) = info.filter(|_| {
-            receiving
-                && pkt.bth.dest_qpn == self.qpn
-                && pkt.bth.pkey & 0x7fff == bth::DEFAULT_PKEY & 0x7fff
-        }) else {
+        let Some(info) = info.filter(|_| receiving && self.core.addressed_to(pkt)) else {
             self.rx.drops.invalid += 1;
             return;
         };
         let p = RxParams {
-            mtu: self.mtu(),
-            dest_qpn: self.dest_qpn(),
-            access: self.attr.qp_access_flags.unwrap_or_default(),
+            mtu: self.core.mtu(),
+            dest_qpn: self.core.dest_qpn(),
+            access: self.core.attr.qp_access_flags.unwrap_or_default(),
         };
-        let cq = &mut self.cq;
+        let cq = &mut self.core.cq;
         if self
             .rx
             .on_packet(pkt, info, &p, mem, srq, &mut |c| cq.push(c))
@@ -503,14 +437,14 @@ impl UcQp {
     /// A WQE completes as its last packet is returned. `buf` must hold at least path MTU + 64
     /// bytes.
     pub fn poll_transmit(&mut self, mem: &dyn MemoryAccess, buf: &mut [u8]) -> Option<usize> {
-        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+        if !matches!(self.core.state, QpState::Rts | QpState::Sqd) {
             return None;
         }
         let p = ReqParams {
-            mtu: self.mtu(),
-            dest_qpn: self.dest_qpn(),
+            mtu: self.core.mtu(),
+            dest_qpn: self.core.dest_qpn(),
             max_rd_atomic: 0,
-            draining: self.state == QpState::Sqd,
+            draining: self.core.state == QpState::Sqd,
             unreliable: true,
         };
         match self.req.next_packet(&p, mem, buf)? {
@@ -520,8 +454,10 @@ impl UcQp {
                     // Nothing is acknowledged on UC: the PSN window's lower edge follows.
                     self.req.una = self.req.next_psn;
                     if let Some(e) = self.req.pop_front() {
-                        let cq = &mut self.cq;
-                        complete(&e, WcStatus::Success, self.sq_sig_all, &mut |c| cq.push(c));
+                        let cq = &mut self.core.cq;
+                        complete(&e, WcStatus::Success, self.core.sq_sig_all, &mut |c| {
+                            cq.push(c)
+                        });
                     }
                 }
                 Some(n)
@@ -532,11 +468,6 @@ impl UcQp {
                 None
             }
         }
-    }
-
-    /// The next completion for the send or receive CQ.
-    pub fn poll_completion(&mut self) -> Option<Completion> {
-        self.cq.pop()
     }
 }
 

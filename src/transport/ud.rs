@@ -18,6 +18,7 @@
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
+use crate::transport::connected::check_post_recv;
 use crate::transport::memory::{gather_all, scatter, MemoryAccess};
 use crate::transport::modify::{attr_mask, attr_names, check_transition};
 use crate::transport::modify::{CUR_STATE, PKEY, PORT, QKEY, SQ_DRAINING, SQ_PSN};
@@ -451,21 +452,8 @@ impl UdQp {
 
     /// `ibv_post_recv`. Each buffer must leave room for the 40-byte GRH area before the payload.
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
-        if self.srq {
-            return Err(PostError::HasSrq);
-        }
-        if self.state == QpState::Reset {
-            return Err(PostError::InvalidState(self.state));
-        }
-        if wqe.sg_list.len() > self.caps.max_recv_sge as usize {
-            return Err(PostError::TooManySge {
-                got: wqe.sg_list.len(),
-                max: self.caps.max_recv_sge,
-            });
-        }
-        if self.rq.len() + self.recv_pending >= self.caps.max_recv_wr as usize {
-            return Err(PostError::QueueFull);
-        }
+        let held = self.rq.len() + self.recv_pending;
+        check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
         if self.state == QpState::Err {
             self.push(
                 recv_wc(wqe.wr_id, WcStatus::WrFlushErr, 0, None, 0, false),

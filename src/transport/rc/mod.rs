@@ -9,10 +9,7 @@ mod responder;
 mod timer;
 
 pub(crate) use completer::complete;
-pub(crate) use qp::{
-    check_post_recv, check_send_lists, check_send_state, check_send_wqe, flush_all, flush_recv,
-    query_connected, Cq,
-};
+pub(crate) use qp::{check_send_lists, check_send_wqe, flush_recv, Cq};
 pub use qp::{PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
 pub(crate) use requester::{ReqEvent, ReqParams, Requester};
 pub(crate) use resp_error::RespError;

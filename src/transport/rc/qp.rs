@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::transport::connected::{connected_getters, ConnectedCore};
 use crate::transport::memory::MemoryAccess;
 use crate::transport::modify::modify_connected;
 use crate::transport::modify::{
@@ -136,21 +137,13 @@ pub struct RcStats {
 /// A QP made by [`RcQp::with_srq`] has no receive queue: it takes receive WQEs from the shared
 /// receive queue the driver passes to [`RcQp::handle_packet_srq`].
 pub struct RcQp {
-    qpn: u32,
-    caps: QpCaps,
-    sq_sig_all: bool,
-    /// Receive WQEs come from a shared receive queue.
-    srq: bool,
-    state: QpState,
-    /// Attribute values as last set (current PSNs come from the parts).
-    attr: QpAttr,
+    core: ConnectedCore,
     req: Requester,
     comp: Completer,
     resp: Responder,
     timers: TimerTable,
     /// PSN to resume from when the RNR timer fires.
     rnr_psn: Psn,
-    cq: Cq,
     /// Alternates the transmitter between responder and requester.
     resp_turn: bool,
     stats: RcStats,
@@ -192,21 +185,12 @@ impl RcQp {
             ..QpAttr::default()
         };
         RcQp {
-            qpn: qpn & 0x00ff_ffff,
-            caps,
-            sq_sig_all,
-            srq: false,
-            state: QpState::Reset,
-            attr,
+            core: ConnectedCore::new(qpn, caps, sq_sig_all, attr),
             req: Requester::default(),
             comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
             rnr_psn: Psn::new(0),
-            cq: Cq {
-                qpn: qpn & 0x00ff_ffff,
-                ..Cq::default()
-            },
             resp_turn: false,
             stats: RcStats::default(),
             srtt: None,
@@ -222,29 +206,13 @@ impl RcQp {
     /// each packet, [`RcQp::handle_packet_srq`]) and has none of its own: `caps.max_recv_wr`
     /// and `max_recv_sge` are ignored (0), and [`RcQp::post_recv`] fails.
     pub fn with_srq(qpn: u32, caps: QpCaps, sq_sig_all: bool) -> Self {
-        let caps = QpCaps {
-            max_recv_wr: 0,
-            max_recv_sge: 0,
-            ..caps
-        };
+        let q = RcQp::new(qpn, caps, sq_sig_all);
         RcQp {
-            srq: true,
-            ..RcQp::new(qpn, caps, sq_sig_all)
+            core: q.core.on_srq(),
+            ..q
         }
     }
-    pub fn qpn(&self) -> u32 {
-        self.qpn
-    }
-    pub fn state(&self) -> QpState {
-        self.state
-    }
-    pub fn caps(&self) -> QpCaps {
-        self.caps
-    }
-    /// The QP takes its receive WQEs from a shared receive queue.
-    pub fn uses_srq(&self) -> bool {
-        self.srq
-    }
+    connected_getters!();
     /// Loss-recovery counters since the QP was created.
     pub fn stats(&self) -> RcStats {
         let mut s = self.stats;
@@ -306,13 +274,9 @@ impl RcQp {
         }
     }
 
-    fn mtu(&self) -> usize {
-        self.attr.path_mtu.unwrap_or(Mtu::Mtu1024).bytes()
-    }
-
     /// Local ACK timeout: 4.096 µs × 2^timeout; `None` for 0 (infinite, IBA 9.7.6.1.3).
     fn ack_timeout(&self) -> Option<Duration> {
-        match self.attr.timeout.unwrap_or(0) {
+        match self.core.attr.timeout.unwrap_or(0) {
             0 => None,
             t => Some(Duration::from_nanos(4096u64 << t.min(31))),
         }
@@ -320,34 +284,30 @@ impl RcQp {
 
     fn req_params(&self) -> ReqParams {
         ReqParams {
-            mtu: self.mtu(),
-            dest_qpn: self.attr.dest_qp_num.unwrap_or(0),
-            max_rd_atomic: self.attr.max_rd_atomic.unwrap_or(0) as u32,
-            draining: self.state == QpState::Sqd,
+            mtu: self.core.mtu(),
+            dest_qpn: self.core.dest_qpn(),
+            max_rd_atomic: self.core.attr.max_rd_atomic.unwrap_or(0) as u32,
+            draining: self.core.state == QpState::Sqd,
             unreliable: false,
         }
     }
 
     fn resp_params(&self) -> RespParams {
         RespParams {
-            mtu: self.mtu(),
-            dest_qpn: self.attr.dest_qp_num.unwrap_or(0),
-            access: self.attr.qp_access_flags.unwrap_or_default(),
-            max_dest_rd_atomic: self.attr.max_dest_rd_atomic.unwrap_or(0) as u32,
-            min_rnr_timer: self.attr.min_rnr_timer.unwrap_or(0),
+            mtu: self.core.mtu(),
+            dest_qpn: self.core.dest_qpn(),
+            access: self.core.attr.qp_access_flags.unwrap_or_default(),
+            max_dest_rd_atomic: self.core.attr.max_dest_rd_atomic.unwrap_or(0) as u32,
+            min_rnr_timer: self.core.attr.min_rnr_timer.unwrap_or(0),
         }
-    }
-
-    fn push_completion(&mut self, c: Completion) {
-        self.cq.push(c);
     }
 
     /// `ibv_modify_qp`: checks the transition and its required/optional attributes (IBA 11.2.4.2,
     /// as `ib_modify_qp_is_ok` does); moving to ERR flushes outstanding work.
     pub fn modify(&mut self, attr: &QpAttr, now: Instant) -> Result<(), QpError> {
         let _ = now;
-        let cur = self.state;
-        let next = modify_connected(cur, &mut self.attr, attr, transition, false)?;
+        let cur = self.core.state;
+        let next = modify_connected(cur, &mut self.core.attr, attr, transition, false)?;
         match (cur, next) {
             (_, QpState::Reset) => {
                 // To RESET: queues emptied without completions (the CQ keeps what it has).
@@ -355,33 +315,34 @@ impl RcQp {
                 self.resp.reset(Psn::new(0));
                 self.timers.stop_all();
                 self.reset_rtt();
-                self.state = QpState::Reset;
+                self.core.state = QpState::Reset;
             }
             (QpState::Err, QpState::Err) => {}
             (_, QpState::Err) => self.enter_err(None),
             (QpState::Init, QpState::Rtr) => {
                 let rq = std::mem::take(&mut self.resp.rq);
-                self.resp.reset(Psn::new(self.attr.rq_psn.unwrap_or(0)));
+                self.resp
+                    .reset(Psn::new(self.core.attr.rq_psn.unwrap_or(0)));
                 self.resp.rq = rq;
-                self.state = next;
+                self.core.state = next;
             }
             (QpState::Rtr, QpState::Rts) => {
-                self.req.reset(Psn::new(self.attr.sq_psn.unwrap_or(0)));
+                self.req.reset(Psn::new(self.core.attr.sq_psn.unwrap_or(0)));
                 self.reset_rtt();
                 self.comp.set_counters(
-                    self.attr.retry_cnt.unwrap_or(0),
-                    self.attr.rnr_retry.unwrap_or(0),
+                    self.core.attr.retry_cnt.unwrap_or(0),
+                    self.core.attr.rnr_retry.unwrap_or(0),
                 );
-                self.state = next;
+                self.core.state = next;
             }
             _ => {
                 if attr.retry_cnt.is_some() || attr.rnr_retry.is_some() {
                     self.comp.set_counters(
-                        self.attr.retry_cnt.unwrap_or(0),
-                        self.attr.rnr_retry.unwrap_or(0),
+                        self.core.attr.retry_cnt.unwrap_or(0),
+                        self.core.attr.rnr_retry.unwrap_or(0),
                     );
                 }
-                self.state = next;
+                self.core.state = next;
             }
         }
         Ok(())
@@ -396,16 +357,11 @@ impl RcQp {
 
     /// `ibv_query_qp`: every attribute's current value.
     pub fn query(&self) -> QpAttr {
-        query_connected(&self.attr, self.state, &self.req, self.resp.epsn)
-    }
-
-    /// The address vector set at INIT->RTR: where packets go.
-    pub fn destination(&self) -> Option<AddressVector> {
-        self.attr.ah_attr
+        self.core.query(&self.req, self.resp.epsn)
     }
 
     pub fn post_send(&mut self, wqe: SendWqe) -> Result<(), PostError> {
-        check_send_state(self.state)?;
+        self.core.check_send_state()?;
         let rd_atomic = matches!(
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
@@ -413,26 +369,16 @@ impl RcQp {
         if wqe.flags.inline && rd_atomic {
             return Err(PostError::UnsupportedOp);
         }
-        let len = check_send_wqe(&wqe, &self.caps)?;
+        let len = check_send_wqe(&wqe, &self.core.caps)?;
         if matches!(wqe.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8 {
             return Err(PostError::BadAtomicLength);
         }
-        let mtu = self.mtu();
-        let (caps, sig_all) = (&self.caps, self.sq_sig_all);
-        self.cq
-            .queue_send(&mut self.req, caps, self.state, sig_all, mtu, wqe)
+        self.core.queue_send(&mut self.req, wqe)
     }
 
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
-        // A WQE taken by a message in progress still occupies its slot.
-        let held = self.resp.rq.len() + self.resp.msg.wqe.is_some() as usize + self.cq.recv_pending;
-        check_post_recv(&wqe, &self.caps, self.srq, self.state, held)?;
-        if self.state == QpState::Err {
-            self.push_completion(flush_recv(wqe.wr_id, self.attr.dest_qp_num.unwrap_or(0)));
-            return Ok(());
-        }
-        self.resp.rq.push_back(wqe);
-        Ok(())
+        let holding = self.resp.msg.wqe.is_some();
+        self.core.post_recv(&mut self.resp.rq, holding, wqe)
     }
 
     /// Move to ERR (IBA 10.3.1.x): `fail` completes the WQE at send-queue index `at` with that
@@ -440,12 +386,10 @@ impl RcQp {
     /// on a shared receive queue flushes only the WQE its message in progress took; the ones
     /// still on the SRQ belong to the SRQ.
     fn enter_err_at(&mut self, fail: Option<(usize, WcStatus)>) {
-        self.state = QpState::Err;
         self.timers.stop_all();
         let held = self.resp.msg.wqe.take();
         let rq = std::mem::take(&mut self.resp.rq);
-        let dest = self.attr.dest_qp_num.unwrap_or(0);
-        flush_all(&mut self.req, fail, held, rq, dest, &mut self.cq);
+        self.core.flush_all(&mut self.req, fail, held, rq);
         self.resp.keep_naks_only();
     }
 
@@ -510,12 +454,8 @@ impl RcQp {
     /// [`RcQp::with_srq`] takes [`RcQp::handle_packet_srq`] instead: given no SRQ here, it has
     /// no receive WQE for a SEND (RNR NAK).
     pub fn handle_packet(&mut self, now: Instant, pkt: &Packet<'_>, mem: &dyn MemoryAccess) {
-        if self.srq {
-            let mut none = Srq::default();
-            self.on_packet(now, pkt, mem, Some(&mut none));
-        } else {
-            self.on_packet(now, pkt, mem, None);
-        }
+        let uses_srq = self.core.srq;
+        ConnectedCore::lend_srq(uses_srq, None, |srq| self.on_packet(now, pkt, mem, srq));
     }
 
     /// [`RcQp::handle_packet`] for a QP made by [`RcQp::with_srq`], with the shared receive
@@ -528,8 +468,10 @@ impl RcQp {
         mem: &dyn MemoryAccess,
         srq: &mut Srq,
     ) {
-        let srq = if self.srq { Some(srq) } else { None };
-        self.on_packet(now, pkt, mem, srq);
+        let uses_srq = self.core.srq;
+        ConnectedCore::lend_srq(uses_srq, Some(srq), |srq| {
+            self.on_packet(now, pkt, mem, srq)
+        });
     }
 
     fn on_packet(
@@ -539,12 +481,7 @@ impl RcQp {
         mem: &dyn MemoryAccess,
         srq: Option<&mut Srq>,
     ) {
-        if pkt.bth.dest_qpn != self.qpn {
-            return;
-        }
-        // IBA 9.6.1.1 (C9-41): the P_Key must match the QP's partition; only the default
-        // partition (table index 0, 0xffff) exists here. The membership bit is not compared.
-        if pkt.bth.pkey & 0x7fff != crate::wire::bth::DEFAULT_PKEY & 0x7fff {
+        if !self.core.addressed_to(pkt) {
             return;
         }
         let Some(info) = pkt.info() else { return };
@@ -554,17 +491,20 @@ impl RcQp {
         match info.kind {
             Kind::Ack | Kind::AtomicAck | Kind::ReadResponse => {
                 // The completer runs while the send queue is active (IBA 10.3.1: RTS, SQD).
-                if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                if !matches!(self.core.state, QpState::Rts | QpState::Sqd) {
                     return;
                 }
-                let mtu = self.mtu();
+                let mtu = self.core.mtu();
                 let una_before = self.req.una;
-                let cq = &mut self.cq;
-                let r =
-                    self.comp
-                        .on_packet(&mut self.req, pkt, mtu, self.sq_sig_all, mem, &mut |c| {
-                            cq.push(c)
-                        });
+                let cq = &mut self.core.cq;
+                let r = self.comp.on_packet(
+                    &mut self.req,
+                    pkt,
+                    mtu,
+                    self.core.sq_sig_all,
+                    mem,
+                    &mut |c| cq.push(c),
+                );
                 self.apply_comp(now, una_before, r);
             }
             Kind::Send
@@ -573,11 +513,11 @@ impl RcQp {
             | Kind::CompareSwap
             | Kind::FetchAdd => {
                 // IBA 10.3.1: the responder works in RTR, RTS and SQD; elsewhere requests are dropped.
-                if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                if !matches!(self.core.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                     return;
                 }
                 let p = self.resp_params();
-                let cq = &mut self.cq;
+                let cq = &mut self.core.cq;
                 let ev = self.resp.on_request(pkt, &p, mem, srq, &mut |c| cq.push(c));
                 if ev == RespEvent::Error {
                     self.enter_err(None);
@@ -637,7 +577,7 @@ impl RcQp {
     fn probe(&mut self, now: Instant) {
         if !self.req.outstanding()
             || self.req.rnr_paused
-            || !matches!(self.state, QpState::Rts | QpState::Sqd)
+            || !matches!(self.core.state, QpState::Rts | QpState::Sqd)
         {
             return;
         }
@@ -737,7 +677,7 @@ impl RcQp {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
     ) -> Option<usize> {
-        let (resp_ok, req_ok) = match self.state {
+        let (resp_ok, req_ok) = match self.core.state {
             QpState::Rtr => (true, false),
             QpState::Rts | QpState::Sqd => (true, true),
             // In ERR only the NAK reporting the error still goes out.
@@ -785,11 +725,6 @@ impl RcQp {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next_timeout()
     }
-
-    /// The next completion for the send or receive CQ.
-    pub fn poll_completion(&mut self) -> Option<Completion> {
-        self.cq.pop()
-    }
 }
 
 /// A send WR's inline data or gather list against the QP's caps (RC and UD).
@@ -819,90 +754,6 @@ pub(crate) fn check_send_wqe(wqe: &SendWqe, caps: &QpCaps) -> Result<u64, PostEr
         return Err(PostError::MessageTooLong(len));
     }
     Ok(len)
-}
-
-/// The checks `ibv_post_recv` makes on a connected QP (RC and UC): no SRQ, not in RESET, the
-/// SGE count, and room: `held` WQEs are taken already (queued, held by a message in progress, or
-/// completed and not yet polled).
-pub(crate) fn check_post_recv(
-    wqe: &RecvWqe,
-    caps: &QpCaps,
-    srq: bool,
-    state: QpState,
-    held: usize,
-) -> Result<(), PostError> {
-    if srq {
-        return Err(PostError::HasSrq);
-    }
-    if state == QpState::Reset {
-        return Err(PostError::InvalidState(state));
-    }
-    if wqe.sg_list.len() > caps.max_recv_sge as usize {
-        return Err(PostError::TooManySge {
-            got: wqe.sg_list.len(),
-            max: caps.max_recv_sge,
-        });
-    }
-    if held >= caps.max_recv_wr as usize {
-        return Err(PostError::QueueFull);
-    }
-    Ok(())
-}
-
-/// `ibv_query_qp` on a connected QP (RC and UC): the attributes as last set, with the state,
-/// the send queue's next PSN, the receiving side's expected one (`rq_psn`), and whether SQD
-/// is still draining.
-pub(crate) fn query_connected(
-    attr: &QpAttr,
-    state: QpState,
-    req: &Requester,
-    rq_psn: Psn,
-) -> QpAttr {
-    let mut a = *attr;
-    a.qp_state = Some(state);
-    a.cur_qp_state = Some(state);
-    if matches!(state, QpState::Rts | QpState::Sqd) {
-        a.sq_psn = Some(req.max_psn.value());
-    }
-    if matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-        a.rq_psn = Some(rq_psn.value());
-    }
-    a.sq_draining = Some(state == QpState::Sqd && req.outstanding());
-    a
-}
-
-/// A connected QP (RC and UC) takes send WRs in RTS, SQD and ERR.
-pub(crate) fn check_send_state(state: QpState) -> Result<(), PostError> {
-    match state {
-        QpState::Rts | QpState::Sqd | QpState::Err => Ok(()),
-        s => Err(PostError::InvalidState(s)),
-    }
-}
-
-/// A connected QP (RC and UC) enters ERR: `fail` completes the send WQE at index `at` with that
-/// status; every other send WQE, then the receive WQE `held` by a message in progress and the
-/// receive queue `rq`, are flushed with WR_FLUSH_ERR (`dest`: the remote QPN they report).
-pub(crate) fn flush_all(
-    req: &mut Requester,
-    fail: Option<(usize, WcStatus)>,
-    held: Option<RecvWqe>,
-    rq: VecDeque<RecvWqe>,
-    dest: u32,
-    cq: &mut Cq,
-) {
-    let sq = std::mem::take(&mut req.sq);
-    for (i, e) in sq.iter().enumerate() {
-        let status = match fail {
-            Some((at, st)) if at == i => st,
-            _ => WcStatus::WrFlushErr,
-        };
-        complete(e, status, true, &mut |c| cq.push(c));
-    }
-    req.idx = 0;
-    req.pkt = 0;
-    for w in held.into_iter().chain(rq) {
-        cq.push(flush_recv(w.wr_id, dest));
-    }
 }
 
 /// A receive WQE flushed with WR_FLUSH_ERR (RC and UC).
