@@ -39,6 +39,21 @@ const FULL_POLL_EVERY: std::time::Duration = std::time::Duration::from_micros(50
 /// as soon as something arrives).
 const FWD_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// Who drives a round of [`Engine::drive`], and what it already knows of the sockets.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Round {
+    /// Look at every socket.
+    Full,
+    /// The application's busy CQ poll: see [`Engine::ready_sockets`].
+    App,
+    /// These sockets (bit `k`: socket `k`) were just found readable (the progress thread's
+    /// wake-up and spin): read them without polling again.
+    Ready(u32),
+    /// A forward socket was found readable: read what other contexts handed over, and every
+    /// socket.
+    Forwarded,
+}
+
 pub(crate) struct Engine {
     /// The device's sans-IO endpoint (the engine dereferences to it).
     pub ep: Endpoint,
@@ -53,11 +68,6 @@ pub(crate) struct Engine {
     misrouted: u32,
     /// Room for polling the sockets (see [`readable`]).
     pollfds: Vec<libc::pollfd>,
-    /// The application drives this round (its CQ poll, busy): see [`Engine::ready_sockets`].
-    pub app_driving: bool,
-    /// The sockets the caller of this round already found readable (bit `k`: socket `k`), so
-    /// that the round does not poll them again (the progress thread's spin).
-    pub known_ready: Option<u32>,
     /// The socket that last had something to read, and when all of them are next polled.
     hot: usize,
     next_full_poll: Instant,
@@ -100,8 +110,6 @@ impl Engine {
             probe_answers: Vec::with_capacity(8),
             misrouted: 0,
             pollfds: Vec::with_capacity(io.fds.len()),
-            app_driving: false,
-            known_ready: None,
             hot: 0,
             next_full_poll: Instant::now(),
             handed: Vec::new(),
@@ -125,8 +133,15 @@ impl Engine {
     }
 
     /// One round: receive what is waiting, fire due timers, transmit and complete.
-    pub fn drive(&mut self, io: &Io, mrs: &MrTable, events: &AsyncQueue, now: Instant) {
-        let ready = self.ready_sockets(io, now);
+    pub fn drive(
+        &mut self,
+        io: &Io,
+        mrs: &MrTable,
+        events: &AsyncQueue,
+        now: Instant,
+        round: Round,
+    ) {
+        let ready = self.ready_sockets(io, now, round);
         for (k, sock) in io.socks.iter().enumerate() {
             if ready & (1 << k.min(31)) == 0 {
                 continue;
@@ -159,7 +174,7 @@ impl Engine {
             let _ = io.socks[k].socket.send_to(&a, to);
         }
         self.send_handed_over(io);
-        if now >= self.next_fwd_check {
+        if now >= self.next_fwd_check || round == Round::Forwarded {
             self.drain_forwarded(io, mrs, now);
         }
         let misrouted = std::mem::take(&mut self.misrouted);
@@ -270,11 +285,6 @@ impl Engine {
         }
     }
 
-    /// Have the next [`Engine::drive`] read the forward sockets.
-    pub fn force_fwd_check(&mut self) {
-        self.next_fwd_check = Instant::now();
-    }
-
     /// Read what other contexts handed to this one on its forward sockets (see [`forward`]).
     /// The engine does it at most every [`FWD_CHECK`] on its own, and whenever the progress
     /// thread saw a forward socket readable.
@@ -319,14 +329,14 @@ impl Engine {
     /// receive, about 0.45 µs of each hop of a ping-pong here. So such a round reads only the
     /// socket that last had traffic, and polls all of them every [`FULL_POLL_EVERY`]; a round
     /// of the progress thread (woken by any socket) polls all.
-    fn ready_sockets(&mut self, io: &Io, now: Instant) -> u32 {
-        if let Some(mask) = self.known_ready.take() {
+    fn ready_sockets(&mut self, io: &Io, now: Instant, round: Round) -> u32 {
+        if let Round::Ready(mask) = round {
             return mask;
         }
         if io.fds.len() <= 1 {
             return u32::MAX;
         }
-        if self.app_driving && now < self.next_full_poll {
+        if round == Round::App && now < self.next_full_poll {
             return 1 << self.hot.min(31);
         }
         self.next_full_poll = now + FULL_POLL_EVERY;

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::engine::ready_mask;
+use super::engine::{ready_mask, Round};
 use super::runtime::Runtime;
 use super::socket::Io;
 
@@ -65,15 +65,16 @@ fn wait(fds: &mut [libc::pollfd], timeout: Duration) {
 fn stand_aside(s: &Runtime, socks: &mut [libc::pollfd], watch: bool) -> bool {
     let t0 = Instant::now();
     loop {
-        if s.app_polling(TAKE_WINDOW) && !watch {
+        let polling = s.app_polling(TAKE_WINDOW);
+        if polling && !watch {
             // A periodic look while the application polls: nothing to do (and no second
             // wake-up to pay).
             return false;
         }
-        if s.app_polling(TAKE_WINDOW) && t0.elapsed() < 4 * TAKE_WINDOW {
+        if polling && t0.elapsed() < 4 * TAKE_WINDOW {
             // It polls: whatever waits is about to be its own. Look again in a while.
             wait(&mut [], TAKE_WINDOW);
-            if t0.elapsed() >= TAKE_WINDOW && readable(socks) == 0 {
+            if readable(socks) == 0 {
                 return false;
             }
             continue;
@@ -191,13 +192,13 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
                 }
                 s.woke();
                 let ready = ready_mask(&fds[1..=n]);
-                if handed_over {
-                    s.drive_forwarded();
+                s.drive(if handed_over {
+                    Round::Forwarded
                 } else if ready != 0 {
-                    s.drive_ready(ready);
+                    Round::Ready(ready)
                 } else {
-                    s.drive();
-                }
+                    Round::Full
+                });
                 if datagram {
                     // A datagram woke us: more tend to follow within microseconds (the next
                     // READ of a ping-pong, the rest of a window), and a thread wake-up costs
@@ -207,7 +208,7 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
                         match readable(&mut fds[1..=n]) {
                             0 => std::hint::spin_loop(),
                             ready => {
-                                s.drive_ready(ready);
+                                s.drive(Round::Ready(ready));
                                 last = Instant::now();
                             }
                         }

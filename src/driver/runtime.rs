@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::engine::Engine;
+use super::engine::{Engine, Round};
 use super::socket::Io;
 use crate::endpoint::error::EndpointError;
 use crate::endpoint::events::AsyncQueue;
@@ -77,56 +77,23 @@ impl Runtime {
 
     /// Drive the transport once, now, on this thread (unless it holds a memory-region guard:
     /// then the progress thread does it).
-    pub(crate) fn drive(&self) {
+    pub(crate) fn drive(&self, round: Round) {
         if guards_held() {
             self.io.wake();
             return;
         }
         let mut e = self.lock_engine();
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
-        self.kick_if_earlier(e.next_deadline());
+        self.run(&mut e, Instant::now(), round);
     }
 
-    /// Drive once, reading only the sockets in `ready` (bit `k`: socket `k`), which the caller
-    /// just found readable (the progress thread's spin: no second `poll`).
-    pub(crate) fn drive_ready(&self, ready: u32) {
-        if guards_held() {
-            self.io.wake();
-            return;
-        }
-        let mut e = self.lock_engine();
-        e.known_ready = Some(ready);
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
-        e.known_ready = None;
-        self.kick_if_earlier(e.next_deadline());
-    }
-
-    /// [`Runtime::drive_ready`] unless another thread holds the engine; false if it did not
-    /// drive.
+    /// Drive once, reading the sockets in `ready` (just found readable), unless another thread
+    /// holds the engine; false if it did not drive.
     pub(crate) fn try_drive_ready(&self, ready: u32) -> bool {
-        let mut e = match self.engine.try_lock() {
-            Ok(e) => e,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+        let Some(mut e) = self.try_lock_engine() else {
+            return false;
         };
-        e.known_ready = Some(ready);
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
-        e.known_ready = None;
-        self.kick_if_earlier(e.next_deadline());
+        self.run(&mut e, Instant::now(), Round::Ready(ready));
         true
-    }
-
-    /// Drive once, reading the forward sockets too (something arrived on one: see
-    /// `driver::forward`).
-    pub(crate) fn drive_forwarded(&self) {
-        if guards_held() {
-            self.io.wake();
-            return;
-        }
-        let mut e = self.lock_engine();
-        e.force_fwd_check();
-        e.drive(&self.io, &self.mrs, &self.async_events, Instant::now());
-        self.kick_if_earlier(e.next_deadline());
     }
 
     /// Drive once unless another thread is driving already (the busy-poll path).
@@ -140,16 +107,25 @@ impl Runtime {
         let now = Instant::now();
         self.last_app_poll
             .store(self.micros(now), Ordering::Relaxed);
-        let mut e = match self.engine.try_lock() {
-            Ok(e) => e,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
+        let Some(mut e) = self.try_lock_engine() else {
+            return;
         };
         self.remove_deferred(&mut e);
-        e.app_driving = true;
-        e.drive(&self.io, &self.mrs, &self.async_events, now);
-        e.app_driving = false;
+        self.run(&mut e, now, Round::App);
+    }
+
+    /// One round of the engine, then wake the progress thread if a timer now comes earlier.
+    fn run(&self, e: &mut Engine, now: Instant, round: Round) {
+        e.drive(&self.io, &self.mrs, &self.async_events, now, round);
         self.kick_if_earlier(e.next_deadline());
+    }
+
+    fn try_lock_engine(&self) -> Option<std::sync::MutexGuard<'_, Engine>> {
+        match self.engine.try_lock() {
+            Ok(e) => Some(e),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     pub(crate) fn defer_qp_removal(&self, qpn: u32) {

@@ -240,7 +240,7 @@ impl Context {
     /// Drive the transport once on this thread (receive, timers, transmit). Polling a CQ does
     /// this already; a progress thread does it when nobody polls.
     pub fn drive(&self) {
-        self.shared.drive();
+        self.shared.drive(crate::driver::engine::Round::Full);
     }
 
     /// Packet counters of the endpoint.
