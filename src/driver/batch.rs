@@ -267,6 +267,9 @@ pub(crate) struct TxBatch {
     /// The IPv4 source address, for rebuilding ICRCs when GSO turns out not to work (an
     /// IPv6 packet's ICRC does not depend on its place in a GSO message).
     local: Ipv4Addr,
+    /// The first `held` runs are acknowledgements held back by [`TxBatch::hold_acks`]: the
+    /// next flush sends them after what was queued since.
+    held: usize,
 }
 
 /// What [`TxBatch::flush`] did, in datagrams.
@@ -295,7 +298,33 @@ impl TxBatch {
             n: 0,
             gso,
             local,
+            held: 0,
         }
+    }
+
+    /// Hold what is queued instead of sending it now, if it is nothing but RC acknowledgements
+    /// (single packets, opcode ACKNOWLEDGE): the next [`TxBatch::flush`] sends them behind
+    /// what is queued by then. A busy-polling application that just got a receive completion
+    /// usually answers at once, and its answer then reaches the peer before the ACK does
+    /// instead of after it. (An ACK older than one sent before it is a duplicate the peer's
+    /// completer ignores.) True if held (or nothing was queued).
+    pub fn hold_acks(&mut self) -> bool {
+        if self.held > 0 || self.n == 0 {
+            // Held once already: never twice (a stream of receives would hold its ACKs).
+            return false;
+        }
+        let acks_only = self.runs[self.held..self.n].iter().all(|r| {
+            r.count == 1 && self.arena[r.start] == crate::wire::opcode::Opcode::RC_ACKNOWLEDGE.0
+        });
+        if !acks_only {
+            return false;
+        }
+        for r in &mut self.runs[self.held..self.n] {
+            // Nothing joins a held run.
+            r.closed = true;
+        }
+        self.held = self.n;
+        true
     }
 
     /// Whether the next packet may not fit: flush first.
@@ -364,10 +393,31 @@ impl TxBatch {
         self.used += len;
     }
 
+    /// Everything queued after the held acknowledgements goes to a QP (and address) one of
+    /// them acknowledges.
+    fn answers_held(&self) -> bool {
+        let (held, new) = self.runs[..self.n].split_at(self.held);
+        new.iter().all(|r| {
+            held.iter()
+                .any(|h| h.qpn == r.qpn && h.to == r.to && h.sock == r.sock)
+        })
+    }
+
+    /// Nothing is queued but held acknowledgements (see [`TxBatch::hold_acks`]).
+    pub fn only_held(&self) -> bool {
+        self.held > 0 && self.n == self.held
+    }
+
     /// Send everything queued, each message out of its socket (`fds[sock]`). A full socket
     /// buffer is waited out (the packets are not lost to a retransmission timeout); a message
     /// the kernel refuses (unreachable) is dropped.
     pub fn flush(&mut self, fds: &[RawFd]) -> Sent {
+        // Held acknowledgements go behind the answer: what was queued since, if all of it goes
+        // to a QP they acknowledge (anything else, a CM message say, may depend on them).
+        if self.held > 0 && self.answers_held() {
+            self.runs[..self.n].rotate_left(self.held);
+        }
+        self.held = 0;
         let mut out = Sent::default();
         let mut done = 0;
         let mut waits = 0;
@@ -499,5 +549,95 @@ impl TxBatch {
             off += len;
         }
         (sent, dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::opcode::Opcode;
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+
+    /// Queue a packet of `len` bytes whose first byte (the BTH opcode) is `op`, to `to`.
+    fn queue(b: &mut TxBatch, op: Opcode, len: usize, to: SocketAddr) {
+        queue_to(b, op, len, to, 0x1_0011);
+    }
+
+    fn queue_to(b: &mut TxBatch, op: Opcode, len: usize, to: SocketAddr, qpn: u32) {
+        let buf = b.next_buf();
+        buf[..len].fill(0);
+        buf[0] = op.0;
+        b.push(len, 0, to, qpn);
+    }
+
+    fn opcodes_received(rx: &UdpSocket, n: usize) -> Vec<u8> {
+        let mut buf = [0u8; 64];
+        (0..n)
+            .map(|_| {
+                let (len, _) = rx.recv_from(&mut buf).unwrap();
+                assert!(len > 0);
+                buf[0]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn held_acks_go_out_behind_what_is_queued_next() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let fds = [tx.as_raw_fd()];
+        let mut b = TxBatch::new(false, Ipv4Addr::LOCALHOST);
+        assert!(!b.hold_acks(), "nothing to hold");
+
+        queue(&mut b, Opcode::RC_ACKNOWLEDGE, 20, to);
+        assert!(b.hold_acks());
+        assert!(b.only_held());
+        // Held once: the next round's ACKs are not held again (a stream would starve).
+        queue(&mut b, Opcode::RC_ACKNOWLEDGE, 20, to);
+        assert!(!b.hold_acks());
+        queue(&mut b, Opcode::RC_SEND_ONLY, 24, to);
+        assert!(!b.only_held());
+        let sent = b.flush(&fds);
+        assert_eq!(sent.sent, 3);
+        assert_eq!(
+            opcodes_received(&rx, 3),
+            [
+                Opcode::RC_ACKNOWLEDGE.0,
+                Opcode::RC_SEND_ONLY.0,
+                Opcode::RC_ACKNOWLEDGE.0
+            ],
+            "the held ACK goes last"
+        );
+
+        // Only acknowledgements are held: a request is never reordered behind later ones.
+        queue(&mut b, Opcode::RC_SEND_ONLY, 24, to);
+        queue(&mut b, Opcode::RC_ACKNOWLEDGE, 20, to);
+        assert!(!b.hold_acks());
+        assert!(!b.only_held());
+        assert_eq!(b.flush(&fds).sent, 2);
+        assert_eq!(
+            opcodes_received(&rx, 2),
+            [Opcode::RC_SEND_ONLY.0, Opcode::RC_ACKNOWLEDGE.0]
+        );
+        // Only the answer (to a QP a held ACK acknowledges) overtakes them; anything else (a
+        // CM message to QP1, another QP's request) may depend on them and goes behind.
+        queue(&mut b, Opcode::RC_ACKNOWLEDGE, 20, to);
+        assert!(b.hold_acks());
+        queue_to(&mut b, Opcode::RC_SEND_ONLY, 24, to, 0x1_0012);
+        assert_eq!(b.flush(&fds).sent, 2);
+        assert_eq!(
+            opcodes_received(&rx, 2),
+            [Opcode::RC_ACKNOWLEDGE.0, Opcode::RC_SEND_ONLY.0]
+        );
+        // A flush with nothing new sends what is held.
+        queue(&mut b, Opcode::RC_ACKNOWLEDGE, 20, to);
+        assert!(b.hold_acks());
+        assert_eq!(b.flush(&fds).sent, 1);
+        assert!(!b.only_held());
+        assert_eq!(opcodes_received(&rx, 1), [Opcode::RC_ACKNOWLEDGE.0]);
     }
 }

@@ -38,6 +38,10 @@ const FULL_POLL_EVERY: std::time::Duration = std::time::Duration::from_micros(50
 /// How often a busy engine reads its forward sockets by itself (the progress thread reads them
 /// as soon as something arrives).
 const FWD_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+/// Acknowledgements held for a busy-polling application's answer (see [`TxBatch::hold_acks`])
+/// are due this long after, at the latest: a progress thread asleep on a longer timer is woken
+/// for them (one standing aside sends them at its next look, see `driver::progress`).
+const ACK_HOLD_MAX: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// Who drives a round of [`Engine::drive`], and what it already knows of the sockets.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -78,6 +82,8 @@ pub(crate) struct Engine {
     /// When [`Engine::drain_forwarded`] is next due, and its receive buffer.
     next_fwd_check: Instant,
     fwd_buf: Vec<u8>,
+    /// Since when acknowledgements are held in the send batch (see [`TxBatch::hold_acks`]).
+    held_at: Option<Instant>,
 }
 
 impl std::ops::Deref for Engine {
@@ -116,17 +122,48 @@ impl Engine {
             handed_spare: Vec::new(),
             next_fwd_check: Instant::now(),
             fwd_buf: Vec::new(),
+            held_at: None,
         })
     }
 
     /// Run `f` with a [`Tx`] over the sockets, then send what it queued.
-    fn with_tx<R>(&mut self, io: &Io, f: impl FnOnce(&mut Endpoint, &mut Tx<'_>) -> R) -> R {
+    fn with_tx<R>(
+        &mut self,
+        io: &Io,
+        now: Instant,
+        f: impl FnOnce(&mut Endpoint, &mut Tx<'_>) -> R,
+    ) -> R {
+        self.with_tx_or_hold(io, now, |_| false, f)
+    }
+
+    /// [`Engine::with_tx`], but if `hold` says so (given the endpoint after `f`) and all that
+    /// was queued is acknowledgements, keep them for the next send (see
+    /// [`TxBatch::hold_acks`]).
+    fn with_tx_or_hold<R>(
+        &mut self,
+        io: &Io,
+        now: Instant,
+        hold: impl FnOnce(&Endpoint) -> bool,
+        f: impl FnOnce(&mut Endpoint, &mut Tx<'_>) -> R,
+    ) -> R {
         let Engine {
-            ep, capture, tx, ..
+            ep,
+            capture,
+            tx,
+            held_at,
+            ..
         } = self;
         let mut out = Tx::new(&io.fds, capture, tx);
         let r = f(ep, &mut out);
-        out.flush();
+        if hold(ep) && out.hold_acks() {
+            if held_at.is_none() {
+                ep.stats.tx_acks_held += 1;
+            }
+            held_at.get_or_insert(now);
+        } else {
+            out.flush();
+            *held_at = None;
+        }
         ep.stats.tx_packets += out.sent;
         ep.stats.tx_dropped += out.dropped;
         r
@@ -189,25 +226,78 @@ impl Engine {
         if self.ep.gsi_due() {
             self.flush_gsi(io, now);
         }
-        self.flush_dirty(io, mrs, events, now);
+        // A busy-polling application that gets a receive completion from this round answers it
+        // next, most likely: its answer goes out before the ACKs of this round (see
+        // `TxBatch::hold_acks`); whatever drives next sends them.
+        let hold = |_: &Endpoint| round == Round::App;
+        self.with_tx_or_hold(io, now, hold, |ep, out| {
+            ep.transmit_dirty(&io.gids, mrs, events, now, out)
+        });
+    }
+
+    /// The earliest timer of the endpoint, or when held acknowledgements are due.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let held = self.held_at.map(|t| t + ACK_HOLD_MAX);
+        match (self.ep.next_deadline(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Acknowledgements are held for the application's answer (see [`TxBatch::hold_acks`]).
+    pub fn holding(&self) -> bool {
+        self.held_at.is_some()
+    }
+
+    /// Send the acknowledgements held for the application's answer, if any.
+    pub fn flush_held(&mut self, io: &Io) {
+        if self.held_at.is_some() {
+            self.with_tx(io, Instant::now(), |_, _| ());
+        }
+    }
+
+    /// Destroy QP `qpn` (what it acknowledged is sent first).
+    pub fn remove_qp(&mut self, qpn: u32, io: &Io) {
+        self.flush_held(io);
+        self.ep.remove_qp(qpn);
     }
 
     /// Send for every QP that received, timed out or changed state (see
     /// [`Endpoint::transmit_dirty`]).
     pub fn flush_dirty(&mut self, io: &Io, mrs: &MrTable, events: &AsyncQueue, now: Instant) {
-        self.with_tx(io, |ep, out| {
+        self.with_tx(io, now, |ep, out| {
             ep.transmit_dirty(&io.gids, mrs, events, now, out)
         });
     }
 
     /// Send everything the QP has to send, and move its completions to the CQs.
-    pub fn flush_qp(&mut self, qpn: u32, io: &Io, mrs: &MrTable, now: Instant) {
-        self.with_tx(io, |ep, out| ep.transmit_qp(qpn, &io.gids, mrs, now, out));
+    /// Acknowledgements held by the last round stay held if the QP has nothing to send (a
+    /// receive posted before the application's answer, as perftest's `*_lat` post it): the
+    /// answer, or the next round, sends them.
+    ///
+    /// `keep_held`: the caller posts (a receive, or a send that may be the answer); any other
+    /// verb sends held acknowledgements now.
+    pub fn flush_qp(&mut self, qpn: u32, io: &Io, mrs: &MrTable, now: Instant, keep_held: bool) {
+        let Engine {
+            ep,
+            capture,
+            tx,
+            held_at,
+            ..
+        } = self;
+        let mut out = Tx::new(&io.fds, capture, tx);
+        ep.transmit_qp(qpn, &io.gids, mrs, now, &mut out);
+        if !(keep_held && out.only_held()) {
+            out.flush();
+            *held_at = None;
+        }
+        ep.stats.tx_packets += out.sent;
+        ep.stats.tx_dropped += out.dropped;
     }
 
     /// Deliver the CM's events (moving QPs as they say) and send its MADs.
     pub fn flush_gsi(&mut self, io: &Io, now: Instant) {
-        self.with_tx(io, |ep, out| ep.transmit_gsi(&io.gids, now, out));
+        self.with_tx(io, now, |ep, out| ep.transmit_gsi(&io.gids, now, out));
     }
 
     /// Datagram `i` of the last receive batch (its buffer `bufs`), from socket `k` (bound to

@@ -31,6 +31,10 @@ pub(crate) struct Runtime {
     planned_wake: AtomicU64,
     epoch: Instant,
     pub async_events: Arc<AsyncQueue>,
+    /// The last round held acknowledgements back for the application's answer (see
+    /// `TxBatch::hold_acks`): whoever drives next sends them; the progress thread does if the
+    /// application stops calling in.
+    acks_held: AtomicBool,
     /// QPs dropped while the engine was busy (see `QueuePair`'s drop).
     deferred_removals: Mutex<Vec<u32>>,
 }
@@ -48,6 +52,7 @@ impl Runtime {
             planned_wake: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             async_events: Arc::new(AsyncQueue::default()),
+            acks_held: AtomicBool::new(false),
             deferred_removals: Mutex::new(Vec::new()),
         }
     }
@@ -117,6 +122,7 @@ impl Runtime {
     /// One round of the engine, then wake the progress thread if a timer now comes earlier.
     fn run(&self, e: &mut Engine, now: Instant, round: Round) {
         e.drive(&self.io, &self.mrs, &self.async_events, now, round);
+        self.acks_held.store(e.holding(), Ordering::Relaxed);
         self.kick_if_earlier(e.next_deadline());
     }
 
@@ -142,7 +148,7 @@ impl Runtime {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         for qpn in d.drain(..) {
-            e.remove_qp(qpn);
+            e.remove_qp(qpn, &self.io);
         }
     }
 
@@ -202,6 +208,15 @@ impl Runtime {
         if self.progress_yielding.load(Ordering::SeqCst) {
             self.io.wake();
         }
+        if self.acks_held() {
+            // No answer is coming from this thread for a while: the ACKs go now.
+            self.drive(Round::Ready(0));
+        }
+    }
+
+    /// Acknowledgements may be held for the application's answer (see `TxBatch::hold_acks`).
+    pub(crate) fn acks_held(&self) -> bool {
+        self.acks_held.load(Ordering::Relaxed)
     }
 
     /// The progress thread stands aside (`true`) or resumes (`false`).
@@ -212,6 +227,8 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        // What the application's last polls acknowledged goes out before the sockets close.
+        self.lock_engine().flush_held(&self.io);
         self.io.shutdown();
     }
 }

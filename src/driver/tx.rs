@@ -42,6 +42,19 @@ impl<'a> Tx<'a> {
     }
 }
 
+impl Tx<'_> {
+    /// Keep what is queued for the next flush if it is only acknowledgements (see
+    /// [`TxBatch::hold_acks`]).
+    pub fn hold_acks(&mut self) -> bool {
+        self.batch.hold_acks()
+    }
+
+    /// Nothing new was queued since acknowledgements were held.
+    pub fn only_held(&self) -> bool {
+        self.batch.only_held()
+    }
+}
+
 impl TxSink for Tx<'_> {
     /// The buffer to build the next packet in (BTH to ICRC); sends the batch first if full.
     fn buf(&mut self) -> &mut [u8] {

@@ -43,7 +43,10 @@ impl Endpoint {
                 while let Some(c) = rc.poll_completion() {
                     match c.side {
                         CqSide::Send => slot.send_cq.push(c),
-                        CqSide::Recv => slot.recv_cq.push(c),
+                        CqSide::Recv => {
+                            self.stats.recv_completions += 1;
+                            slot.recv_cq.push(c)
+                        }
                     }
                 }
             }
@@ -55,7 +58,10 @@ impl Endpoint {
                 while let Some(c) = uc.poll_completion() {
                     match c.side {
                         CqSide::Send => slot.send_cq.push(c),
-                        CqSide::Recv => slot.recv_cq.push(c),
+                        CqSide::Recv => {
+                            self.stats.recv_completions += 1;
+                            slot.recv_cq.push(c)
+                        }
                     }
                 }
             }
@@ -67,7 +73,10 @@ impl Endpoint {
                 while let Some(c) = ud.poll_completion() {
                     match c.wc.side {
                         CqSide::Send => slot.send_cq.push(c.wc),
-                        CqSide::Recv => slot.recv_cq.push(c.wc),
+                        CqSide::Recv => {
+                            self.stats.recv_completions += 1;
+                            slot.recv_cq.push(c.wc)
+                        }
                     }
                 }
             }

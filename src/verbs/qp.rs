@@ -228,6 +228,13 @@ impl QueuePair {
     /// Fails with `Busy` on a thread holding a memory-region guard (see
     /// [`MrGuard`](super::MrGuard)).
     fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> Result<R> {
+        self.with_posting(false, f)
+    }
+
+    /// [`QueuePair::with`]; `posting`: the verb posts work requests, so acknowledgements held
+    /// for the application's answer stay held unless this QP sends (see
+    /// `driver::batch::TxBatch::hold_acks`).
+    fn with_posting<R>(&self, posting: bool, f: impl FnOnce(&mut QpSlot) -> R) -> Result<R> {
         let mut e = self.shared.lock_engine_for_verb()?;
         let now = Instant::now();
         // Posting is the application at work: the progress thread stays out of its way.
@@ -238,7 +245,7 @@ impl QueuePair {
         let r = f(slot);
         // A state change made by a verb is no async event.
         slot.last_state = slot.qp.state();
-        e.flush_qp(self.qpn, &self.shared.io, &self.shared.mrs, now);
+        e.flush_qp(self.qpn, &self.shared.io, &self.shared.mrs, now, posting);
         if let Some(slot) = e.qp_mut(self.qpn) {
             // Transmitting can fail the QP (a local protection error, say): that is the
             // transport's doing.
@@ -300,7 +307,7 @@ impl QueuePair {
             ));
         }
         let mem = self.shared.mrs.for_pd(self.pd);
-        let r = self.with(|s| {
+        let r = self.with_posting(true, |s| {
             for (index, wr) in wrs.iter().enumerate() {
                 let wqe = self.wqe(&mem, index, wr.wr_id, wr.op, wr.sg_list, wr.flags)?;
                 match &mut s.qp {
@@ -331,7 +338,7 @@ impl QueuePair {
             }
         }
         let mem = self.shared.mrs.for_pd(self.pd);
-        let r = self.with(|s| {
+        let r = self.with_posting(true, |s| {
             let QpTransport::Ud(ud) = &mut s.qp else {
                 unreachable!("checked above")
             };
@@ -359,7 +366,7 @@ impl QueuePair {
         &self,
         wqes: impl IntoIterator<Item = (SendWqe, Option<UdSend<'a>>)>,
     ) -> Result<()> {
-        self.with(|s| {
+        self.with_posting(true, |s| {
             for (index, (wqe, ud)) in wqes.into_iter().enumerate() {
                 if wqe.flags.inline && wqe.inline_data.len() > self.caps.max_inline_data as usize {
                     return Err(VerbsError::Post {
@@ -447,7 +454,7 @@ impl QueuePair {
                 "QP uses a shared receive queue: post to the SRQ",
             ));
         }
-        self.with(|s| {
+        self.with_posting(true, |s| {
             for (index, wr) in wrs.iter().enumerate() {
                 let wqe = RecvWqe {
                     wr_id: wr.wr_id,
@@ -472,11 +479,13 @@ impl Drop for QueuePair {
             // The engine's holder may be waiting for a region this thread has locked: do not
             // wait for the engine; the next drive removes the QP.
             match self.shared.engine.try_lock() {
-                Ok(mut e) => e.remove_qp(self.qpn),
+                Ok(mut e) => e.remove_qp(self.qpn, &self.shared.io),
                 Err(_) => self.shared.defer_qp_removal(self.qpn),
             }
         } else {
-            self.shared.lock_engine().remove_qp(self.qpn);
+            self.shared
+                .lock_engine()
+                .remove_qp(self.qpn, &self.shared.io);
         }
         self.send_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);
         self.recv_cq.inner.qp_refs.fetch_sub(1, Ordering::AcqRel);

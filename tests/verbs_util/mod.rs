@@ -132,6 +132,21 @@ pub fn connect_from(
     remote_psn: u32,
     remote_gid: [u8; 16],
 ) {
+    connect_with_timeout(
+        qp, sgid_index, local_psn, remote_qpn, remote_psn, remote_gid, 14,
+    )
+}
+
+/// [`connect_from`] with the local ACK timeout `timeout` (4.096 µs x 2^timeout).
+pub fn connect_with_timeout(
+    qp: &QueuePair,
+    sgid_index: u8,
+    local_psn: u32,
+    remote_qpn: u32,
+    remote_psn: u32,
+    remote_gid: [u8; 16],
+    timeout: u8,
+) {
     qp.modify(&QpAttr {
         qp_state: Some(QpState::Init),
         pkey_index: Some(0),
@@ -162,7 +177,7 @@ pub fn connect_from(
     qp.modify(&QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: Some(local_psn),
-        timeout: Some(14),
+        timeout: Some(timeout),
         retry_cnt: Some(7),
         rnr_retry: Some(7),
         max_rd_atomic: Some(16),
