@@ -15,18 +15,16 @@ use super::{bth, WireError};
 /// the UDP header as sent; `ib` is the transport packet from BTH to the end of the pad, without
 /// the ICRC. Returns the value to store with `to_le_bytes`.
 pub fn compute_v4(ip_udp: &[u8; IPV4_LEN + UDP_LEN], ib: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
-    let mut hdr = *ip_udp;
-    hdr[1] = 0xff; // TOS
-    hdr[8] = 0xff; // TTL
-    hdr[10] = 0xff; // IP header checksum
-    hdr[11] = 0xff;
-    hdr[IPV4_LEN + 6] = 0xff; // UDP checksum
-    hdr[IPV4_LEN + 7] = 0xff;
-    h.update(&hdr);
-    update_ib(&mut h, ib);
-    h.finalize()
+    const HDR_END: usize = 8 + IPV4_LEN + UDP_LEN;
+    let mut p = [0xffu8; HDR_END + bth::LEN];
+    p[8..HDR_END].copy_from_slice(ip_udp);
+    p[8 + 1] = 0xff; // TOS
+    p[8 + 8] = 0xff; // TTL
+    p[8 + 10] = 0xff; // IP header checksum
+    p[8 + 11] = 0xff;
+    p[8 + IPV4_LEN + 6] = 0xff; // UDP checksum
+    p[8 + IPV4_LEN + 7] = 0xff;
+    crc_after(&mut p, HDR_END, ib)
 }
 
 /// ICRC of a RoCEv2-over-IPv6 packet. `ip_udp` holds the fixed IPv6 header (40 bytes, no
@@ -35,32 +33,36 @@ pub fn compute_v4(ip_udp: &[u8; IPV4_LEN + UDP_LEN], ib: &[u8]) -> u32 {
 /// `hop_limit = 0xff`), the traffic class, flow label and hop limit are masked with ones, and so
 /// is the UDP checksum. Returns the value to store with `to_le_bytes`.
 pub fn compute_v6(ip_udp: &[u8; IPV6_LEN + UDP_LEN], ib: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
-    let mut hdr = *ip_udp;
-    hdr[0] |= 0x0f; // traffic class, high nibble
-    hdr[1] = 0xff; // traffic class, low nibble; flow label
-    hdr[2] = 0xff;
-    hdr[3] = 0xff;
-    hdr[7] = 0xff; // hop limit
-    hdr[IPV6_LEN + 6] = 0xff; // UDP checksum
-    hdr[IPV6_LEN + 7] = 0xff;
-    h.update(&hdr);
-    update_ib(&mut h, ib);
-    h.finalize()
+    const HDR_END: usize = 8 + IPV6_LEN + UDP_LEN;
+    let mut p = [0xffu8; HDR_END + bth::LEN];
+    p[8..HDR_END].copy_from_slice(ip_udp);
+    p[8] |= 0x0f; // traffic class, high nibble
+    p[8 + 1] = 0xff; // traffic class, low nibble; flow label
+    p[8 + 2] = 0xff;
+    p[8 + 3] = 0xff;
+    p[8 + 7] = 0xff; // hop limit
+    p[8 + IPV6_LEN + 6] = 0xff; // UDP checksum
+    p[8 + IPV6_LEN + 7] = 0xff;
+    crc_after(&mut p, HDR_END, ib)
 }
 
-/// Feed the transport packet to the CRC with the BTH's byte 4 masked.
-fn update_ib(h: &mut crc32fast::Hasher, ib: &[u8]) {
+/// The CRC of `prefix[..hdr_end]` (the masked LRH and IP/UDP headers, already in place) and the
+/// transport packet `ib` with the BTH's byte 4 (FECN, BECN, resv6) masked. The BTH is copied
+/// behind the headers so that the CRC sees one buffer before the payload (small updates are
+/// its slow path).
+fn crc_after<const N: usize>(prefix: &mut [u8; N], hdr_end: usize, ib: &[u8]) -> u32 {
+    debug_assert_eq!(N, hdr_end + bth::LEN);
+    let mut h = crc32fast::Hasher::new();
     if ib.len() >= bth::LEN {
-        let mut b = [0u8; bth::LEN];
-        b.copy_from_slice(&ib[..bth::LEN]);
-        b[4] = 0xff; // FECN, BECN, resv6
-        h.update(&b);
+        prefix[hdr_end..].copy_from_slice(&ib[..bth::LEN]);
+        prefix[hdr_end + 4] = 0xff;
+        h.update(prefix);
         h.update(&ib[bth::LEN..]);
     } else {
+        h.update(&prefix[..hdr_end]);
         h.update(ib);
     }
+    h.finalize()
 }
 
 /// Check the ICRC at the end of `udp_payload` against the IPv4/UDP headers it arrived with.
