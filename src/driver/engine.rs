@@ -43,6 +43,18 @@ const FWD_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 /// for them (one standing aside sends them at its next look, see `driver::progress`).
 const ACK_HOLD_MAX: std::time::Duration = std::time::Duration::from_micros(500);
 
+/// What a [`Tx`] does with what was queued when its user is done.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Flush {
+    /// Send everything now.
+    Now,
+    /// Hold it if it is only acknowledgements, and none were held yet (a busy-polling
+    /// application's round: see [`TxBatch::hold_acks`]).
+    HoldAcks,
+    /// Keep held acknowledgements held if nothing else was queued (a verb that posts).
+    KeepHeld,
+}
+
 /// Who drives a round of [`Engine::drive`], and what it already knows of the sockets.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Round {
@@ -133,17 +145,16 @@ impl Engine {
         now: Instant,
         f: impl FnOnce(&mut Endpoint, &mut Tx<'_>) -> R,
     ) -> R {
-        self.with_tx_or_hold(io, now, |_| false, f)
+        self.with_tx_as(io, now, Flush::Now, f)
     }
 
-    /// [`Engine::with_tx`], but if `hold` says so (given the endpoint after `f`) and all that
-    /// was queued is acknowledgements, keep them for the next send (see
-    /// [`TxBatch::hold_acks`]).
-    fn with_tx_or_hold<R>(
+    /// Run `f` with a [`Tx`] over the sockets, then send what it queued, or keep it as `flush`
+    /// says (see [`TxBatch::hold_acks`]).
+    fn with_tx_as<R>(
         &mut self,
         io: &Io,
         now: Instant,
-        hold: impl FnOnce(&Endpoint) -> bool,
+        flush: Flush,
         f: impl FnOnce(&mut Endpoint, &mut Tx<'_>) -> R,
     ) -> R {
         let Engine {
@@ -155,7 +166,12 @@ impl Engine {
         } = self;
         let mut out = Tx::new(&io.fds, capture, tx);
         let r = f(ep, &mut out);
-        if hold(ep) && out.hold_acks() {
+        let keep = match flush {
+            Flush::Now => false,
+            Flush::HoldAcks => out.hold_acks(),
+            Flush::KeepHeld => out.only_held(),
+        };
+        if keep {
             if held_at.is_none() {
                 ep.stats.tx_acks_held += 1;
             }
@@ -226,11 +242,15 @@ impl Engine {
         if self.ep.gsi_due() {
             self.flush_gsi(io, now);
         }
-        // A busy-polling application that gets a receive completion from this round answers it
-        // next, most likely: its answer goes out before the ACKs of this round (see
-        // `TxBatch::hold_acks`); whatever drives next sends them.
-        let hold = |_: &Endpoint| round == Round::App;
-        self.with_tx_or_hold(io, now, hold, |ep, out| {
+        // A busy-polling application that finds its message in this round answers it next, most
+        // likely: its answer goes out before the ACKs of this round (see `TxBatch::hold_acks`);
+        // whatever drives or sends next sends them.
+        let flush = if round == Round::App {
+            Flush::HoldAcks
+        } else {
+            Flush::Now
+        };
+        self.with_tx_as(io, now, flush, |ep, out| {
             ep.transmit_dirty(&io.gids, mrs, events, now, out)
         });
     }
@@ -271,28 +291,20 @@ impl Engine {
     }
 
     /// Send everything the QP has to send, and move its completions to the CQs.
-    /// Acknowledgements held by the last round stay held if the QP has nothing to send (a
-    /// receive posted before the application's answer, as perftest's `*_lat` post it): the
-    /// answer, or the next round, sends them.
     ///
-    /// `keep_held`: the caller posts (a receive, or a send that may be the answer); any other
-    /// verb sends held acknowledgements now.
+    /// `keep_held`: the caller posts, so acknowledgements held by the last round stay held if
+    /// the QP has nothing to send (a receive posted before the application's answer, as
+    /// perftest's `*_lat` and most ping-pongs post it): the answer, or the next round, sends
+    /// them. Any other verb sends them now.
     pub fn flush_qp(&mut self, qpn: u32, io: &Io, mrs: &MrTable, now: Instant, keep_held: bool) {
-        let Engine {
-            ep,
-            capture,
-            tx,
-            held_at,
-            ..
-        } = self;
-        let mut out = Tx::new(&io.fds, capture, tx);
-        ep.transmit_qp(qpn, &io.gids, mrs, now, &mut out);
-        if !(keep_held && out.only_held()) {
-            out.flush();
-            *held_at = None;
-        }
-        ep.stats.tx_packets += out.sent;
-        ep.stats.tx_dropped += out.dropped;
+        let flush = if keep_held {
+            Flush::KeepHeld
+        } else {
+            Flush::Now
+        };
+        self.with_tx_as(io, now, flush, |ep, out| {
+            ep.transmit_qp(qpn, &io.gids, mrs, now, out)
+        });
     }
 
     /// Deliver the CM's events (moving QPs as they say) and send its MADs.
