@@ -8,6 +8,8 @@
 //! last one, so no copy is still running. After it returns, nothing touches the memory again.
 
 use std::collections::HashMap;
+
+use super::hash::LocalKeys;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -196,38 +198,7 @@ impl MrInner {
 /// The context's key table: every registered region by key (lkey == rkey, as in rxe).
 #[derive(Default)]
 pub(crate) struct MrTable {
-    map: RwLock<HashMap<u32, Arc<MrInner>, KeyHash>>,
-}
-
-/// Hashing of memory keys for the key table, looked up for every packet that moves data. The
-/// keys are random (`MrTable::insert`) and only this side inserts them, so a multiplication
-/// spreads them well and a peer choosing the keys it sends cannot build collisions (it can only
-/// look up); SipHash's flooding resistance buys nothing here.
-#[derive(Default, Clone, Copy)]
-struct KeyHash;
-
-impl std::hash::BuildHasher for KeyHash {
-    type Hasher = KeyHasher;
-    fn build_hasher(&self) -> KeyHasher {
-        KeyHasher(0)
-    }
-}
-
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u32(&mut self, k: u32) {
-        // Fibonacci hashing: the high bits (hashbrown's tags) and the low bits both vary.
-        self.0 = (k as u64 ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
+    map: RwLock<HashMap<u32, Arc<MrInner>, LocalKeys>>,
 }
 
 impl MrTable {

@@ -8,6 +8,7 @@ pub(crate) mod cq;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod gids;
+pub(crate) mod hash;
 pub(crate) mod memory;
 pub(crate) mod quota;
 pub(crate) mod srq;
@@ -50,7 +51,7 @@ fn first_qpn() -> u32 {
 /// counters. Fed datagrams ([`Endpoint::handle_datagram`]) and time
 /// ([`Endpoint::handle_timeout`]); writes what it sends into a [`transmit::TxSink`].
 pub(crate) struct Endpoint {
-    qps: HashMap<u32, QpSlot>,
+    qps: HashMap<u32, QpSlot, hash::LocalKeys>,
     /// This endpoint's slot on its (shared) address: the top byte of its QPNs.
     slot: u8,
     next_qpn: u32,
@@ -72,7 +73,7 @@ impl Endpoint {
     /// `slot` of its shared address (the top byte of its QPNs and CM IDs).
     pub fn new(v4: Ipv4Addr, node_guid: u64, slot: u8) -> Endpoint {
         Endpoint {
-            qps: HashMap::new(),
+            qps: HashMap::default(),
             slot,
             next_qpn: first_qpn(),
             dirty: Vec::with_capacity(64),
@@ -194,7 +195,7 @@ impl Endpoint {
 /// A QP state change the CM asked for (see [`ModifyQp`]); the QP is flushed by the next
 /// [`Endpoint::transmit_dirty`].
 fn modify_qp(
-    qps: &mut HashMap<u32, QpSlot>,
+    qps: &mut HashMap<u32, QpSlot, hash::LocalKeys>,
     dirty: &mut Vec<u32>,
     qpn: u32,
     a: &QpAttr,
