@@ -90,11 +90,25 @@ pub(crate) fn enable_v6_header_info(fd: RawFd) {
 #[derive(Clone, Copy)]
 struct CmsgBuf([u8; 128]);
 
+/// The `recvmmsg` headers of an [`RxBatch`], built once: each message's iovec (over its slot of
+/// the batch's buffer), its address room and its control buffer. Boxed, so that the pointers
+/// between them stay valid when the batch moves.
+struct RxHeaders {
+    iov: [libc::iovec; RX_MSGS],
+    msgs: [libc::mmsghdr; RX_MSGS],
+    from: [RawAddr; RX_MSGS],
+    cmsg: [CmsgBuf; RX_MSGS],
+}
+
+// SAFETY: the raw pointers in `iov` and `msgs` point only into memory the same `RxBatch` owns
+// (this box and the heap block of its `bufs`), which moves with it between threads; they are
+// used only through `&mut RxBatch`.
+unsafe impl Send for RxHeaders {}
+
 /// Receive buffers and the datagrams found in them.
 pub(crate) struct RxBatch {
     bufs: Box<[u8]>,
-    from: [RawAddr; RX_MSGS],
-    cmsg: [CmsgBuf; RX_MSGS],
+    hdrs: Box<RxHeaders>,
     info: [RxInfo; RX_MSGS],
     /// (offset in `bufs`, length, message index) of each datagram of the last receive.
     dgrams: Vec<(u32, u32, u8)>,
@@ -104,13 +118,44 @@ pub(crate) struct RxBatch {
 
 impl RxBatch {
     pub fn new() -> RxBatch {
-        RxBatch {
-            bufs: vec![0u8; RX_MSGS * RX_SLOT].into_boxed_slice(),
+        let mut bufs = vec![0u8; RX_MSGS * RX_SLOT].into_boxed_slice();
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut hdrs: Box<RxHeaders> = Box::new(RxHeaders {
+            iov: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
+            msgs: unsafe { std::mem::zeroed() },
             from: [RawAddr::zeroed(); RX_MSGS],
             cmsg: [CmsgBuf([0; 128]); RX_MSGS],
+        });
+        let h = &mut *hdrs;
+        for i in 0..RX_MSGS {
+            h.iov[i].iov_base = bufs[i * RX_SLOT..].as_mut_ptr() as *mut libc::c_void;
+            h.iov[i].iov_len = RX_SLOT;
+            let m = &mut h.msgs[i].msg_hdr;
+            m.msg_iov = &mut h.iov[i];
+            m.msg_iovlen = 1;
+            m.msg_name = h.from[i].as_mut_ptr();
+            m.msg_control = h.cmsg[i].0.as_mut_ptr() as *mut libc::c_void;
+        }
+        let mut b = RxBatch {
+            bufs,
+            hdrs,
             info: [RxInfo::default(); RX_MSGS],
             dgrams: Vec::with_capacity(RX_MSGS * GSO_MAX_SEGS),
-            msgs: 0,
+            msgs: RX_MSGS,
+        };
+        b.reset_lengths();
+        b
+    }
+
+    /// Give back the room the kernel shrank to what it wrote, in the messages the last receive
+    /// may have filled.
+    fn reset_lengths(&mut self) {
+        for m in &mut self.hdrs.msgs[..self.msgs.clamp(1, RX_MSGS)] {
+            m.msg_hdr.msg_namelen = RawAddr::CAPACITY;
+            m.msg_hdr.msg_controllen = std::mem::size_of::<CmsgBuf>() as _;
+            m.msg_hdr.msg_flags = 0;
+            m.msg_len = 0;
         }
     }
 
@@ -118,29 +163,21 @@ impl RxBatch {
     /// (0: nothing waits).
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         self.dgrams.clear();
+        self.reset_lengths();
         self.msgs = 0;
-        // SAFETY: plain C structs; all-zero is valid.
-        let mut iov: [libc::iovec; RX_MSGS] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut msgs: [libc::mmsghdr; RX_MSGS] = unsafe { std::mem::zeroed() };
-        for (i, (v, m)) in iov.iter_mut().zip(msgs.iter_mut()).enumerate() {
-            v.iov_base = self.bufs[i * RX_SLOT..].as_mut_ptr() as *mut libc::c_void;
-            v.iov_len = RX_SLOT;
-            let h = &mut m.msg_hdr;
-            h.msg_iov = v;
-            h.msg_iovlen = 1;
-            h.msg_name = self.from[i].as_mut_ptr();
-            h.msg_namelen = RawAddr::CAPACITY;
-            h.msg_control = self.cmsg[i].0.as_mut_ptr() as *mut libc::c_void;
-            h.msg_controllen = std::mem::size_of::<CmsgBuf>() as _;
-        }
+        debug_assert_eq!(
+            self.hdrs.iov[0].iov_base as *const u8,
+            self.bufs.as_ptr(),
+            "the buffer lent out by take_bufs came back"
+        );
         let n = loop {
             // SAFETY: every mmsghdr points at a live iovec over its own RX_SLOT bytes of
-            // `bufs`, its own address room and its own control buffer; all outlive the call.
+            // `bufs`, its own address room and its own control buffer (set up in `new`, all
+            // owned by this batch, whose box and buffer do not move); all outlive the call.
             let n = unsafe {
                 libc::recvmmsg(
                     fd,
-                    msgs.as_mut_ptr(),
+                    self.hdrs.msgs.as_mut_ptr(),
                     RX_MSGS as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
@@ -156,7 +193,8 @@ impl RxBatch {
                 _ => return Err(e),
             }
         };
-        for (i, m) in msgs.iter().enumerate().take(n) {
+        for i in 0..n {
+            let m = &self.hdrs.msgs[i];
             let len = (m.msg_len as usize).min(RX_SLOT);
             let (gro, info) = control(&m.msg_hdr);
             self.info[i] = info;
@@ -200,7 +238,7 @@ impl RxBatch {
         let (off, len, m) = self.dgrams[i];
         (
             &bufs[off as usize..][..len as usize],
-            self.from[m as usize].get(),
+            self.hdrs.from[m as usize].get(),
             self.info[m as usize],
         )
     }

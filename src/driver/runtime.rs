@@ -123,7 +123,12 @@ impl Runtime {
     fn run(&self, e: &mut Engine, now: Instant, round: Round) {
         e.drive(&self.io, &self.mrs, &self.async_events, now, round);
         self.acks_held.store(e.holding(), Ordering::Relaxed);
-        self.kick_if_earlier(e.next_deadline());
+        // Only a progress thread asleep on a timer can need waking (`planned_wake` is written
+        // under the engine lock, which this thread holds): while it stands aside for a polling
+        // application, the deadline (a walk over every QP and the CM) is not needed.
+        if self.planned_wake.load(Ordering::Relaxed) != u64::MAX {
+            self.kick_if_earlier(e.next_deadline());
+        }
     }
 
     fn try_lock_engine(&self) -> Option<std::sync::MutexGuard<'_, Engine>> {

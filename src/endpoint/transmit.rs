@@ -36,9 +36,13 @@ impl Endpoint {
         let mem = mrs.for_pd(slot.pd);
         match &mut slot.qp {
             QpTransport::Rc(rc) => {
-                let dst = rc.destination().and_then(|av| gids.route(&av));
+                // The route is looked up once, and only if there is something to send (a
+                // post_recv or a receive that only completes sends nothing).
+                let mut dst = None;
                 while let Some(len) = rc.poll_transmit(now, &mem, out.buf()) {
-                    out.commit(len, dst);
+                    let d =
+                        *dst.get_or_insert_with(|| rc.destination().and_then(|av| gids.route(&av)));
+                    out.commit(len, d);
                 }
                 while let Some(c) = rc.poll_completion() {
                     match c.side {
@@ -51,9 +55,11 @@ impl Endpoint {
                 }
             }
             QpTransport::Uc(uc) => {
-                let dst = uc.destination().and_then(|av| gids.route(&av));
+                let mut dst = None;
                 while let Some(len) = uc.poll_transmit(&mem, out.buf()) {
-                    out.commit(len, dst);
+                    let d =
+                        *dst.get_or_insert_with(|| uc.destination().and_then(|av| gids.route(&av)));
+                    out.commit(len, d);
                 }
                 while let Some(c) = uc.poll_completion() {
                     match c.side {

@@ -56,6 +56,14 @@ impl Ipv4Udp {
     /// Write both headers (28 bytes). The IP checksum is computed; the UDP checksum is left 0
     /// (RoCEv2 permits it and the ICRC masks it).
     pub fn emit(&self, buf: &mut [u8; IPV4_LEN + UDP_LEN]) {
+        self.emit_no_checksum(buf);
+        let sum = checksum(&buf[..IPV4_LEN]);
+        be::put_u16(&mut buf[10..12], sum);
+    }
+
+    /// [`Ipv4Udp::emit`] with the IPv4 header checksum left zero: all the ICRC needs (it masks
+    /// the checksum), for a header that never goes on the wire (the kernel writes that one).
+    pub fn emit_no_checksum(&self, buf: &mut [u8; IPV4_LEN + UDP_LEN]) {
         let total = (IPV4_LEN + UDP_LEN) as u16 + self.payload_len;
         buf[0] = 0x45;
         buf[1] = self.tos;
@@ -67,8 +75,6 @@ impl Ipv4Udp {
         buf[10..12].fill(0);
         buf[12..16].copy_from_slice(&self.src.octets());
         buf[16..20].copy_from_slice(&self.dst.octets());
-        let sum = checksum(&buf[..IPV4_LEN]);
-        be::put_u16(&mut buf[10..12], sum);
         be::put_u16(&mut buf[20..22], self.src_port);
         be::put_u16(&mut buf[22..24], self.dst_port);
         be::put_u16(&mut buf[24..26], UDP_LEN as u16 + self.payload_len);
