@@ -18,177 +18,61 @@
 use std::net::UdpSocket;
 use std::time::Instant;
 
-use softrdma::transport::{
-    AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcOpcode,
-    WcStatus,
-};
-use softrdma::verbs::{
-    CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair,
-    RecvWr, SendWr, WorkCompletion,
-};
+use softrdma::transport::{SendOp, WcOpcode, WcStatus};
+use softrdma::verbs::{MemoryRegion, WorkCompletion};
+
+#[path = "../tests/verbs_util/mod.rs"]
+mod verbs_util;
+use verbs_util::{connect, loopback_ctx, sge, End};
 
 const WARMUP: usize = 2_000;
 
-struct End {
-    ctx: Context,
-    _pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
-
-impl End {
-    fn new() -> End {
-        let dev = softrdma::devices()
-            .expect("device list")
-            .into_iter()
-            .find(|d| d.addr().is_loopback())
-            .expect("a loopback device");
-        let ctx = dev.open().expect("open the loopback device");
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(1024, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap: QpCaps::default(),
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
-        let mr = pd
-            .alloc_mr(
-                4096,
-                AccessFlags(AccessFlags::LOCAL_WRITE.0 | AccessFlags::REMOTE_WRITE.0),
-            )
-            .unwrap();
-        End {
-            ctx,
-            _pd: pd,
-            cq,
-            qp,
-            mr,
+/// Poll `end` until a receive completion is there (send completions are reaped on the way).
+/// `peer` is polled too when this CQ is empty, as its own process would poll it: an end that
+/// stops polling has its progress thread take over its datagrams, which is not what a
+/// busy-polling application pays.
+fn wait_recv(end: &End, peer: &End) {
+    let mut wc = [WorkCompletion::default(); 4];
+    loop {
+        let n = end.cq.poll(&mut wc).expect("poll");
+        for c in &wc[..n] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            if c.opcode == WcOpcode::Recv {
+                return;
+            }
         }
-    }
-
-    fn connect(&self, psn: u32, peer: &End, peer_psn: u32) {
-        let qp = &self.qp;
-        qp.modify(&QpAttr {
-            qp_state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(AccessFlags::REMOTE_WRITE),
-            ..Default::default()
-        })
-        .unwrap();
-        qp.modify(&QpAttr {
-            qp_state: Some(QpState::Rtr),
-            path_mtu: Some(Mtu::Mtu4096),
-            dest_qp_num: Some(peer.qp.qp_num()),
-            rq_psn: Some(peer_psn),
-            max_dest_rd_atomic: Some(1),
-            min_rnr_timer: Some(1),
-            ah_attr: Some(AddressVector {
-                dgid: peer.ctx.gid(),
-                hop_limit: 64,
-                port_num: 1,
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .unwrap();
-        qp.modify(&QpAttr {
-            qp_state: Some(QpState::Rts),
-            sq_psn: Some(psn),
-            timeout: Some(14),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(1),
-            ..Default::default()
-        })
-        .unwrap();
-    }
-
-    fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge {
-            addr: self.mr.addr() + off,
-            length: len,
-            lkey: self.mr.lkey(),
-        }
-    }
-
-    fn post_recv(&self) {
-        let sge = [self.sge(1024, 64)];
-        self.qp
-            .post_recv(&[RecvWr {
-                wr_id: 0,
-                sg_list: &sge,
-            }])
-            .unwrap();
-    }
-
-    /// A signaled 8-byte SEND (perftest's latency tests signal every one).
-    fn send(&self) {
-        let sge = [self.sge(0, 8)];
-        self.qp
-            .post_send(&[SendWr {
-                wr_id: 1,
-                op: SendOp::Send,
-                sg_list: &sge,
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
-            }])
-            .unwrap();
-    }
-
-    /// Poll until a receive completion is there (send completions are reaped on the way).
-    /// `peer` is polled too when this CQ is empty, as its own process would poll it: an end
-    /// that stops polling has its progress thread take over its datagrams (a thread wake-up per
-    /// datagram), which is not what a busy-polling application pays.
-    fn wait_recv(&self, peer: &End) {
-        let mut wc = [WorkCompletion::default(); 4];
-        loop {
-            let n = self.cq.poll(&mut wc).expect("poll");
+        if n == 0 {
+            let n = peer.cq.poll(&mut wc).expect("poll");
             for c in &wc[..n] {
                 assert_eq!(c.status, WcStatus::Success, "{c:?}");
-                if c.opcode == WcOpcode::Recv {
-                    return;
-                }
-            }
-            if n == 0 {
-                let n = peer.cq.poll(&mut wc).expect("poll");
-                for c in &wc[..n] {
-                    assert_eq!(c.status, WcStatus::Success, "{c:?}");
-                    assert_ne!(c.opcode, WcOpcode::Recv, "the peer's message came early");
-                }
+                assert_ne!(c.opcode, WcOpcode::Recv, "the peer's message came early");
             }
         }
     }
 }
 
 fn softrdma_round_trips(iters: usize) -> f64 {
-    let a = End::new();
-    let b = End::new();
-    a.connect(1, &b, 2);
-    b.connect(2, &a, 1);
+    let a = End::new(loopback_ctx());
+    let b = End::new(loopback_ctx());
+    connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
+    connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
+    let (ma, mb): (MemoryRegion, MemoryRegion) = (a.mr(4096), b.mr(4096));
     for _ in 0..8 {
-        a.post_recv();
-        b.post_recv();
+        a.post_recv(0, &[sge(&ma, 1024, 64)]);
+        b.post_recv(0, &[sge(&mb, 1024, 64)]);
     }
     let mut t0 = Instant::now();
     for i in 0..WARMUP + iters {
         if i == WARMUP {
             t0 = Instant::now();
         }
-        a.send();
-        b.wait_recv(&a);
-        b.post_recv();
-        b.send();
-        a.wait_recv(&b);
-        a.post_recv();
+        // Signaled 8-byte SENDs, as perftest's latency tests post them.
+        a.post_send(1, SendOp::Send, &[sge(&ma, 0, 8)]);
+        wait_recv(&b, &a);
+        b.post_recv(0, &[sge(&mb, 1024, 64)]);
+        b.post_send(1, SendOp::Send, &[sge(&mb, 0, 8)]);
+        wait_recv(&a, &b);
+        a.post_recv(0, &[sge(&ma, 1024, 64)]);
     }
     t0.elapsed().as_nanos() as f64 / iters as f64
 }
