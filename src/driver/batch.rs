@@ -343,10 +343,11 @@ impl TxBatch {
 
     /// Hold what is queued instead of sending it now, if it is nothing but RC acknowledgements
     /// (single packets, opcode ACKNOWLEDGE): the next [`TxBatch::flush`] sends them behind
-    /// what is queued by then. A busy-polling application that just got a receive completion
-    /// usually answers at once, and its answer then reaches the peer before the ACK does
-    /// instead of after it. (An ACK older than one sent before it is a duplicate the peer's
-    /// completer ignores.) True if held (or nothing was queued).
+    /// what is queued by then for the QPs they acknowledge (in front of anything else). A
+    /// busy-polling application that just found its message usually answers at once, and its
+    /// answer then reaches the peer before the ACK does instead of after it. (An ACK older than
+    /// one sent before it is a duplicate the peer's completer ignores.) Never twice in a row,
+    /// never an empty batch. True if something was held.
     pub fn hold_acks(&mut self) -> bool {
         if self.held > 0 || self.n == 0 {
             // Held once already: never twice (a stream of receives would hold its ACKs).

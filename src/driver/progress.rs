@@ -65,8 +65,8 @@ fn wait(fds: &mut [libc::pollfd], timeout: Duration) {
 fn stand_aside(s: &Runtime, socks: &mut [libc::pollfd], watch: bool) -> bool {
     let t0 = Instant::now();
     if !watch && s.acks_held() && !s.app_polling(TAKE_WINDOW) {
-        // The application got a receive completion and stopped calling in without answering:
-        // the ACKs held for its answer go now (see `TxBatch::hold_acks`).
+        // The application's last round held its ACKs, and it stopped calling in without
+        // answering: they go now (see `TxBatch::hold_acks`).
         return s.try_drive_ready(readable(socks));
     }
     loop {

@@ -33,8 +33,6 @@ pub struct Stats {
     pub tx_forwarded: u64,
     /// CM MADs another process on the same address handed to this one.
     pub rx_forwarded: u64,
-    /// Receive completions moved to CQs (any status).
-    pub recv_completions: u64,
     /// Rounds of a busy-polling application whose acknowledgements waited to go out behind
     /// its answer (see `driver::batch::TxBatch::hold_acks`).
     pub tx_acks_held: u64,

@@ -47,10 +47,7 @@ impl Endpoint {
                 while let Some(c) = rc.poll_completion() {
                     match c.side {
                         CqSide::Send => slot.send_cq.push(c),
-                        CqSide::Recv => {
-                            self.stats.recv_completions += 1;
-                            slot.recv_cq.push(c)
-                        }
+                        CqSide::Recv => slot.recv_cq.push(c),
                     }
                 }
             }
@@ -64,10 +61,7 @@ impl Endpoint {
                 while let Some(c) = uc.poll_completion() {
                     match c.side {
                         CqSide::Send => slot.send_cq.push(c),
-                        CqSide::Recv => {
-                            self.stats.recv_completions += 1;
-                            slot.recv_cq.push(c)
-                        }
+                        CqSide::Recv => slot.recv_cq.push(c),
                     }
                 }
             }
@@ -79,10 +73,7 @@ impl Endpoint {
                 while let Some(c) = ud.poll_completion() {
                     match c.wc.side {
                         CqSide::Send => slot.send_cq.push(c.wc),
-                        CqSide::Recv => {
-                            self.stats.recv_completions += 1;
-                            slot.recv_cq.push(c.wc)
-                        }
+                        CqSide::Recv => slot.recv_cq.push(c.wc),
                     }
                 }
             }
