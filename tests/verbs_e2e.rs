@@ -728,3 +728,75 @@ fn held_ack_goes_out_when_the_receiver_stops_calling_in() {
     // The ACKs were held (B received in its own polls), so the bound above was tested.
     assert!(b.ctx.stats().unwrap().tx_acks_held > 0);
 }
+
+/// A capture shows the order packets left in: a device that captures does not hold its ACKs
+/// behind the application's answer (its capture is written as packets are built, so a held ACK
+/// would be recorded before an answer that overtook it on the wire). B busy-polls and answers
+/// at once, the case where an uncaptured device holds (see
+/// `held_ack_goes_out_when_the_receiver_stops_calling_in`); captured, it holds nothing, and its
+/// capture shows each ACK before the answer it preceded.
+#[test]
+fn capture_shows_the_order_packets_left_in() {
+    use softrdma::verbs::ContextOptions;
+    use softrdma::wire::{ethernet, pcap::PcapSlice, Packet};
+    let pb = std::env::temp_dir().join(format!(
+        "softrdma-verbs-e2e-order-{}.pcap",
+        std::process::id()
+    ));
+    let dev = softrdma::devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.addr().is_loopback())
+        .unwrap();
+    let (a_qpn, held);
+    {
+        let a = End::new(dev.open().unwrap());
+        let b = End::new(
+            dev.open_with(&ContextOptions {
+                pcap: Some(pb.clone()),
+            })
+            .unwrap(),
+        );
+        connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
+        connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
+        let (ma, mb) = (a.mr(64), b.mr(64));
+        let wait_recv = |e: &End| loop {
+            let wc = e.wait();
+            assert_eq!(wc.status, WcStatus::Success);
+            if wc.opcode == WcOpcode::Recv {
+                return;
+            }
+        };
+        for i in 0..20 {
+            a.post_recv(i, &[sge(&ma, 32, 32)]);
+            b.post_recv(i, &[sge(&mb, 32, 32)]);
+            a.post_send(i, SendOp::Send, &[sge(&ma, 0, 8)]);
+            // B busy-polls for the message and answers at once, as a ping-pong does.
+            wait_recv(&b);
+            b.post_send(i, SendOp::Send, &[sge(&mb, 0, 8)]);
+            wait_recv(&a);
+        }
+        a_qpn = a.qp.qp_num();
+        held = b.ctx.stats().unwrap().tx_acks_held;
+        // The contexts drop here; B's flushes its file.
+    }
+    assert_eq!(held, 0, "a captured device held ACKs");
+    let data = std::fs::read(&pb).unwrap();
+    let _ = std::fs::remove_file(&pb);
+    // B's packets to A's QP, in the capture's order: (opcode, PSN).
+    let to_a: Vec<(u8, u32)> = PcapSlice::new(&data)
+        .unwrap()
+        .map(|rec| {
+            let (_, payload) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
+            let p = Packet::parse(payload).unwrap();
+            (p.bth.opcode.0, p.bth.dest_qpn, p.bth.psn.value())
+        })
+        .filter(|&(_, qpn, _)| qpn == a_qpn)
+        .map(|(op, _, psn)| (op, psn))
+        .collect();
+    // ACK of A's SEND i (PSN 1 + i), then B's answer (PSN 2 + i): the order they were sent.
+    let want: Vec<(u8, u32)> = (0..20u32)
+        .flat_map(|i| [(0x11, 1 + i), (0x04, 2 + i)])
+        .collect();
+    assert_eq!(to_a, want);
+}

@@ -164,11 +164,14 @@ impl Engine {
             held_at,
             ..
         } = self;
+        // A captured device sends in the order it builds, so that the capture (written as
+        // packets are built) shows the wire's order.
+        let may_hold = capture.is_none();
         let mut out = Tx::new(&io.fds, capture, tx);
         let r = f(ep, &mut out);
         let keep = match flush {
             Flush::Now => false,
-            Flush::HoldAcks => out.hold_acks(),
+            Flush::HoldAcks => may_hold && out.hold_acks(),
             Flush::KeepHeld => out.only_held(),
         };
         if keep {
