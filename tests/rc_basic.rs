@@ -310,7 +310,7 @@ fn inline_and_unsignaled() {
             inline: true,
             ..Default::default()
         },
-        sg_list: vec![],
+        sg_list: vec![].into(),
         inline_data: data.clone(),
     };
     s.ends[0].qp.post_send(inline(1, false)).unwrap();

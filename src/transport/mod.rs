@@ -6,6 +6,7 @@ mod inbound;
 pub mod memory;
 mod modify;
 pub mod rc;
+pub mod sglist;
 pub mod sim;
 pub mod srq;
 pub mod types;
@@ -14,6 +15,7 @@ pub mod ud;
 
 pub use memory::{MemError, MemoryAccess};
 pub use rc::{PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
+pub use sglist::SgList;
 pub use srq::{Srq, SrqError};
 pub use types::*;
 pub use uc::{UcDrops, UcQp};

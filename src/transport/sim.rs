@@ -767,14 +767,17 @@ pub fn send_wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWqe {
             signaled: true,
             ..Default::default()
         },
-        sg_list,
+        sg_list: sg_list.into(),
         inline_data: Vec::new(),
     }
 }
 
 /// A receive WQE over `sg_list`.
 pub fn recv_wr(wr_id: u64, sg_list: Vec<Sge>) -> RecvWqe {
-    RecvWqe { wr_id, sg_list }
+    RecvWqe {
+        wr_id,
+        sg_list: sg_list.into(),
+    }
 }
 
 /// `n` bytes of a recognizable pattern.

@@ -150,7 +150,7 @@ mod tests {
     fn wqe(id: u64, nsge: usize) -> RecvWqe {
         RecvWqe {
             wr_id: id,
-            sg_list: vec![Sge::default(); nsge],
+            sg_list: vec![Sge::default(); nsge].into(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The data that crosses between the Verbs API and the transport core: work requests,
 //! completions, QP states and attributes. Names and meanings follow libibverbs.
 
+use super::sglist::SgList;
 use std::ops::{BitOr, BitOrAssign};
 
 /// Memory access rights of a memory region or a QP (`IBV_ACCESS_*`).
@@ -96,7 +97,7 @@ pub struct SendWqe {
     pub wr_id: u64,
     pub op: SendOp,
     pub flags: SendFlags,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// Inline payload copied at post time (when `flags.inline`).
     pub inline_data: Vec<u8>,
 }
@@ -116,7 +117,7 @@ impl SendWqe {
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct RecvWqe {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// Work completion status (`enum ibv_wc_status`), with libibverbs' numeric values.

@@ -502,7 +502,7 @@ mod tests {
         let mut q = rts(Mtu::Mtu256, access);
         q.post_recv(RecvWqe {
             wr_id: 5,
-            sg_list: vec![mr.sge(0, 1024)],
+            sg_list: vec![mr.sge(0, 1024)].into(),
         })
         .unwrap();
         (mem, mr, q)
@@ -798,7 +798,7 @@ mod tests {
         assert_eq!(q.drops().no_wqe, 1);
         q.post_recv(RecvWqe {
             wr_id: 8,
-            sg_list: vec![],
+            sg_list: vec![].into(),
         })
         .unwrap();
         feed(
@@ -827,12 +827,12 @@ mod tests {
         assert!(comps(&mut q).is_empty());
         q.post_recv(RecvWqe {
             wr_id: 1,
-            sg_list: vec![mr.sge(0, 100)],
+            sg_list: vec![mr.sge(0, 100)].into(),
         })
         .unwrap();
         q.post_recv(RecvWqe {
             wr_id: 2,
-            sg_list: vec![mr.sge(0, 100)],
+            sg_list: vec![mr.sge(0, 100)].into(),
         })
         .unwrap();
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 11, &[1; 256], None);
@@ -881,7 +881,7 @@ mod tests {
         assert_eq!(
             q.post_recv(RecvWqe {
                 wr_id: 1,
-                sg_list: vec![]
+                sg_list: vec![].into()
             }),
             Err(PostError::HasSrq)
         );
@@ -889,7 +889,7 @@ mod tests {
         for i in 0..4 {
             srq.post_recv(RecvWqe {
                 wr_id: 100 + i,
-                sg_list: vec![mr.sge(i * 1024, 1024)],
+                sg_list: vec![mr.sge(i * 1024, 1024)].into(),
             })
             .unwrap();
         }

@@ -16,7 +16,7 @@ use crate::transport::memory::gather_all;
 use crate::transport::ud::{UdDest, UdQp};
 use crate::transport::{
     MemoryAccess, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWqe, SendFlags, SendOp, SendWqe,
-    Sge, UcQp,
+    SgList, Sge, UcQp,
 };
 
 /// `enum ibv_qp_type`.
@@ -441,7 +441,7 @@ impl QueuePair {
             wr_id,
             op,
             flags,
-            sg_list: sg_list.to_vec(),
+            sg_list: SgList::from_slice(sg_list),
             inline_data,
         })
     }
@@ -458,7 +458,7 @@ impl QueuePair {
             for (index, wr) in wrs.iter().enumerate() {
                 let wqe = RecvWqe {
                     wr_id: wr.wr_id,
-                    sg_list: wr.sg_list.to_vec(),
+                    sg_list: SgList::from_slice(wr.sg_list),
                 };
                 match &mut s.qp {
                     QpTransport::Rc(q) => q.post_recv(wqe),

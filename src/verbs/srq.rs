@@ -93,7 +93,7 @@ impl SharedReceiveQueue {
         for (index, wr) in wrs.iter().enumerate() {
             srq.post_recv(RecvWqe {
                 wr_id: wr.wr_id,
-                sg_list: wr.sg_list.to_vec(),
+                sg_list: crate::transport::SgList::from_slice(wr.sg_list),
             })
             .map_err(|error| VerbsError::Post { index, error })?;
         }

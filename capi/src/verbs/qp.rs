@@ -4,9 +4,10 @@
 
 use std::sync::Mutex;
 
+use softrdma::transport::SgList;
 use softrdma::verbs::{
     AccessFlags, Mtu, ProtectionDomain, QpAttr, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
-    RecvWr, SendWqe, Sge, UdSend, VerbsError,
+    RecvWr, SendWqe, UdSend, VerbsError,
 };
 
 use super::context::Ctx;
@@ -512,8 +513,38 @@ pub(crate) unsafe fn post_recv_list(
     bad_wr: *mut *mut ibv_recv_wr,
     post: impl FnOnce(&[RecvWr<'_>]) -> Result<(), VerbsError>,
 ) -> i32 {
+    let set_bad = |w: *mut ibv_recv_wr| {
+        if !bad_wr.is_null() {
+            // SAFETY: the caller's out pointer.
+            unsafe { *bad_wr = w };
+        }
+    };
+    // One WR, as most posts are: no list to build (nothing allocated).
+    // SAFETY: the caller's WR list (a null head is handled by the general path).
+    if !wr.is_null() && unsafe { (*wr).next.is_null() } {
+        // SAFETY: as above.
+        let w = unsafe { &*wr };
+        // SAFETY: the WR's SGE array.
+        let r = match unsafe { sges(w.sg_list, w.num_sge) } {
+            Ok(s) => post(&[RecvWr {
+                wr_id: w.wr_id,
+                sg_list: &to_sges(s),
+            }]),
+            Err(e) => {
+                set_bad(wr);
+                return e;
+            }
+        };
+        return match r {
+            Ok(()) => 0,
+            Err(e) => {
+                set_bad(wr);
+                e.errno()
+            }
+        };
+    }
     let mut nodes = Vec::new();
-    let mut lists: Vec<Vec<Sge>> = Vec::new();
+    let mut lists: Vec<SgList> = Vec::new();
     let mut cur = wr;
     let mut failed = None;
     while !cur.is_null() {
@@ -541,12 +572,6 @@ pub(crate) unsafe fn post_recv_list(
             sg_list: s,
         })
         .collect();
-    let set_bad = |w: *mut ibv_recv_wr| {
-        if !bad_wr.is_null() {
-            // SAFETY: the caller's out pointer.
-            unsafe { *bad_wr = w };
-        }
-    };
     if let Err(e) = post(&wrs) {
         if let Some(n) = nodes.get(e.bad_wr().unwrap_or(0)).or(nodes.first()) {
             set_bad(*n);

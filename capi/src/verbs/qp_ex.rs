@@ -86,7 +86,7 @@ fn push(qp: *mut ibv_qp_ex, op: SendOp) {
                 wr_id,
                 op,
                 flags: send_flags(flags),
-                sg_list: Vec::new(),
+                sg_list: softrdma::transport::SgList::default(),
                 inline_data: Vec::new(),
             },
             ah: std::ptr::null_mut(),

@@ -1,6 +1,7 @@
 //! Work requests from C: `struct ibv_send_wr` / `struct ibv_recv_wr` lists into softrdma's
 //! WQEs. Inline data is copied here, from application memory that no MR needs to cover.
 
+use softrdma::transport::SgList;
 use softrdma::verbs::{SendFlags, SendOp, SendWqe, Sge, UdSend};
 
 use super::ah::Ah;
@@ -35,7 +36,7 @@ pub(crate) unsafe fn sges<'a>(
     }
 }
 
-pub(crate) fn to_sges(s: &[ibv_sge]) -> Vec<Sge> {
+pub(crate) fn to_sges(s: &[ibv_sge]) -> SgList {
     s.iter()
         .map(|s| Sge {
             addr: s.addr,
@@ -127,7 +128,11 @@ pub(crate) unsafe fn send_wqe<'a>(
         wr_id: wr.wr_id,
         op,
         flags,
-        sg_list: if flags.inline { Vec::new() } else { to_sges(s) },
+        sg_list: if flags.inline {
+            SgList::default()
+        } else {
+            to_sges(s)
+        },
         inline_data,
     };
     let dest = if ud {

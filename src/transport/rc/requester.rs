@@ -707,7 +707,7 @@ mod tests {
                 inline: true,
                 ..Default::default()
             },
-            sg_list: vec![],
+            sg_list: vec![].into(),
             inline_data: vec![0; 256 * 200],
         };
         req3.sq.push_back(SendEntry::new(inline, true, 256));

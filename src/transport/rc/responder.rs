@@ -779,7 +779,7 @@ mod tests {
         }
         t.r.rq.push_back(RecvWqe {
             wr_id: 5,
-            sg_list: vec![mr.sge(0, 64)],
+            sg_list: vec![mr.sge(0, 64)].into(),
         });
         t.feed(Packet::new(b, &[7; 8]));
         assert_eq!(
@@ -866,11 +866,11 @@ mod tests {
         let mr = t.mem.register(1024, AccessFlags(0xf));
         t.r.rq.push_back(RecvWqe {
             wr_id: 1,
-            sg_list: vec![mr.sge(0, 300), mr.sge(500, 300)],
+            sg_list: vec![mr.sge(0, 300), mr.sge(500, 300)].into(),
         });
         t.r.rq.push_back(RecvWqe {
             wr_id: 2,
-            sg_list: vec![mr.sge(0, 100)],
+            sg_list: vec![mr.sge(0, 100)].into(),
         });
         let d = pattern(1, 600);
         t.feed(Packet::new(
@@ -938,7 +938,7 @@ mod tests {
         assert_eq!(t.r.epsn, Psn::new(11));
         t.r.rq.push_back(RecvWqe {
             wr_id: 9,
-            sg_list: vec![],
+            sg_list: vec![].into(),
         });
         t.feed(last);
         assert_eq!(
@@ -964,7 +964,7 @@ mod tests {
         let mr = t.mem.register(1024, AccessFlags(0xf));
         t.r.rq.push_back(RecvWqe {
             wr_id: 4,
-            sg_list: vec![mr.sge(0, 1024)],
+            sg_list: vec![mr.sge(0, 1024)].into(),
         });
         t.feed(Packet::new(
             Bth::new(Opcode::RC_SEND_FIRST, 1, Psn::new(10)),
