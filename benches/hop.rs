@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench hop                 # SOFTRDMA_HOP_ITERS=200000 by default
-//! SOFTRDMA_HOP_ONLY=rc perf record -g target/release/deps/hop-* --bench   # or =raw
+//! SOFTRDMA_HOP_ONLY=rc perf record -g target/release/deps/hop-* --bench   # or =raw, =idle
 //! ```
 //!
 //! Two contexts on the loopback device in this process, a connected RC QP pair, 8-byte SENDs:
@@ -77,6 +77,21 @@ fn softrdma_round_trips(iters: usize) -> f64 {
     t0.elapsed().as_nanos() as f64 / iters as f64
 }
 
+/// What one poll of an empty CQ costs (a busy-polling application's idle loop: it sets how
+/// soon a datagram is found after it arrives).
+fn empty_polls(iters: usize) -> f64 {
+    let a = End::new(loopback_ctx());
+    let mut wc = [WorkCompletion::default(); 4];
+    for _ in 0..WARMUP {
+        assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
+    }
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
+    }
+    t0.elapsed().as_nanos() as f64 / iters as f64
+}
+
 fn raw_round_trips(iters: usize) -> f64 {
     let a = UdpSocket::bind("127.0.0.1:0").unwrap();
     let b = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -109,8 +124,15 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200_000);
-    // SOFTRDMA_HOP_ONLY=raw or =rc: one of the two (to profile it alone).
+    // SOFTRDMA_HOP_ONLY=raw, =rc or =idle: one of them (to profile it alone).
     let only = std::env::var("SOFTRDMA_HOP_ONLY").unwrap_or_default();
+    if only == "idle" {
+        println!(
+            "  empty CQ poll (drives the engine)        {:8.0} ns",
+            empty_polls(iters)
+        );
+        return;
+    }
     println!("CPU cost of one 8-byte ping-pong round trip, both ends on one thread ({iters} round trips)");
     let raw = if only == "rc" {
         f64::NAN
@@ -126,5 +148,9 @@ fn main() {
         "  softrdma RC SEND/RECV, signaled           {:8.0} ns   ({:.2}x raw)",
         rc,
         rc / raw
+    );
+    println!(
+        "  one poll of an empty CQ                   {:8.0} ns",
+        empty_polls(iters)
     );
 }

@@ -38,6 +38,8 @@ const FULL_POLL_EVERY: std::time::Duration = std::time::Duration::from_micros(50
 /// How often a busy engine reads its forward sockets by itself (the progress thread reads them
 /// as soon as something arrives).
 const FWD_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+/// How often a busy application's rounds look at the CM's timers (see [`Engine::drive`]).
+const CM_CHECK: std::time::Duration = std::time::Duration::from_micros(500);
 /// Acknowledgements held for a busy-polling application's answer (see [`TxBatch::hold_acks`])
 /// are due this long after, at the latest: a progress thread asleep on a longer timer is woken
 /// for them (one standing aside sends them at its next look, see `driver::progress`).
@@ -96,6 +98,8 @@ pub(crate) struct Engine {
     fwd_buf: Vec<u8>,
     /// Since when acknowledgements are held in the send batch (see [`TxBatch::hold_acks`]).
     held_at: Option<Instant>,
+    /// When a busy application's round next looks at the CM's timers.
+    next_cm_check: Instant,
 }
 
 impl std::ops::Deref for Engine {
@@ -135,6 +139,7 @@ impl Engine {
             next_fwd_check: Instant::now(),
             fwd_buf: Vec::new(),
             held_at: None,
+            next_cm_check: Instant::now(),
         })
     }
 
@@ -239,8 +244,16 @@ impl Engine {
                 .fetch_or(misrouted, std::sync::atomic::Ordering::AcqRel);
             io.wake();
         }
-        if self.ep.handle_timeout(now) {
-            self.forward_unclaimed(io, now);
+        // The CM's timers (MAD retries, timewait, unclaimed REQs: milliseconds and more) are
+        // looked at every CM_CHECK by a busy application's rounds, which come every
+        // microsecond or so; any other round looks every time (the progress thread sleeps
+        // until the CM's deadline and must find it due).
+        self.ep.handle_qp_timeouts(now);
+        if round != Round::App || now >= self.next_cm_check {
+            self.next_cm_check = now + CM_CHECK;
+            if self.ep.handle_cm_timeouts(now) {
+                self.forward_unclaimed(io, now);
+            }
         }
         if self.ep.gsi_due() {
             self.flush_gsi(io, now);

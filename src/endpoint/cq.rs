@@ -2,7 +2,7 @@
 //! that complete into it: the engine pushes, the application polls.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::channel::ChannelShared;
@@ -38,6 +38,9 @@ pub(crate) struct CqShared {
     cap: usize,
     state: Mutex<CqState>,
     pub(crate) channel: Option<Arc<ChannelShared>>,
+    /// Completions (or an overrun) wait: set under the state lock by whoever changes the queue,
+    /// read without it by a poll, so that polling an empty CQ takes no lock.
+    waiting: AtomicBool,
     /// QPs using this CQ.
     pub(crate) qp_refs: AtomicU32,
     async_events: Arc<AsyncQueue>,
@@ -57,6 +60,7 @@ impl CqShared {
             cap,
             state: Mutex::new(CqState::default()),
             channel,
+            waiting: AtomicBool::new(false),
             qp_refs: AtomicU32::new(0),
             async_events,
         }
@@ -86,11 +90,13 @@ impl CqShared {
         if st.q.len() >= self.cap {
             // IBA 11.4.2.1 / C11-29: the CQ goes to error and the consumer gets an async event.
             st.overrun = true;
+            self.waiting.store(true, Ordering::Release);
             drop(st);
             self.async_events.push(AsyncEvent::CqErr { cq: self.id });
             return;
         }
         st.q.push_back(c);
+        self.waiting.store(true, Ordering::Release);
         if let Some(solicited_only) = st.armed {
             // IBA 11.4.2.2: a solicited-only request fires on solicited receives and on errors.
             let fire = !solicited_only || c.solicited || c.status != WcStatus::Success;
@@ -105,6 +111,11 @@ impl CqShared {
     }
 
     pub(crate) fn pop_into(&self, out: &mut [Completion]) -> Result<usize, EndpointError> {
+        // An empty CQ answers without its lock (a busy poll's usual case). A push that races
+        // with this is seen by the next poll, as it would be had this poll locked first.
+        if !self.waiting.load(Ordering::Acquire) {
+            return Ok(0);
+        }
         let mut st = self.state();
         if st.overrun {
             return Err(EndpointError::CqOverrun);
@@ -112,6 +123,9 @@ impl CqShared {
         let n = out.len().min(st.q.len());
         for (slot, c) in out.iter_mut().zip(st.q.drain(..n)) {
             *slot = c;
+        }
+        if st.q.is_empty() {
+            self.waiting.store(false, Ordering::Relaxed);
         }
         Ok(n)
     }

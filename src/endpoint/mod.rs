@@ -137,8 +137,16 @@ impl Endpoint {
     }
 
     /// Fire the QP and CM timers due at `now`. True if REQs nobody here listens for are due
-    /// to be handed over or rejected ([`CmEndpoint::forward_unclaimed`]).
+    /// to be handed over or rejected ([`CmEndpoint::forward_unclaimed`]). (The engine calls
+    /// the two halves itself, the CM's less often; the simulator calls this.)
+    #[cfg(test)]
     pub fn handle_timeout(&mut self, now: Instant) -> bool {
+        self.handle_qp_timeouts(now);
+        self.handle_cm_timeouts(now)
+    }
+
+    /// Fire the QP timers due at `now`.
+    pub fn handle_qp_timeouts(&mut self, now: Instant) {
         for (qpn, slot) in self.qps.iter_mut() {
             if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
                 slot.qp.handle_timeout(now);
@@ -147,6 +155,10 @@ impl Endpoint {
                 }
             }
         }
+    }
+
+    /// Fire the CM timers due at `now` (see [`Endpoint::handle_timeout`]).
+    pub fn handle_cm_timeouts(&mut self, now: Instant) -> bool {
         let ep = self.gsi.endpoint_mut();
         if ep.poll_timeout().is_some_and(|t| t <= now) {
             ep.cm.handle_timeout(now);
