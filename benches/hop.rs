@@ -18,8 +18,9 @@
 use std::net::UdpSocket;
 use std::time::Instant;
 
+use softrdma::transport::QpCaps;
 use softrdma::transport::{SendOp, WcOpcode, WcStatus};
-use softrdma::verbs::{MemoryRegion, WorkCompletion};
+use softrdma::verbs::{MemoryRegion, QpInitAttr, QpType, WorkCompletion};
 
 #[path = "../tests/verbs_util/mod.rs"]
 mod verbs_util;
@@ -78,9 +79,27 @@ fn softrdma_round_trips(iters: usize) -> f64 {
 }
 
 /// What one poll of an empty CQ costs (a busy-polling application's idle loop: it sets how
-/// soon a datagram is found after it arrives).
-fn empty_polls(iters: usize) -> f64 {
+/// soon a datagram is found after it arrives), with `qps` more connected, idle QP pairs on the
+/// device (an MPI rank's connections).
+fn empty_polls(iters: usize, qps: usize) -> f64 {
     let a = End::new(loopback_ctx());
+    let b = End::new(loopback_ctx());
+    let attr = |cq| QpInitAttr {
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCaps::default(),
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+        srq: None,
+    };
+    let mut idle = Vec::with_capacity(qps);
+    for _ in 0..qps {
+        let qa = a.pd.create_qp(&attr(&a.cq)).unwrap();
+        let qb = b.pd.create_qp(&attr(&b.cq)).unwrap();
+        connect(&qa, 1, qb.qp_num(), 2, b.ctx.gid());
+        connect(&qb, 2, qa.qp_num(), 1, a.ctx.gid());
+        idle.push((qa, qb));
+    }
     let mut wc = [WorkCompletion::default(); 4];
     for _ in 0..WARMUP {
         assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
@@ -126,10 +145,15 @@ fn main() {
         .unwrap_or(200_000);
     // SOFTRDMA_HOP_ONLY=raw, =rc or =idle: one of them (to profile it alone).
     let only = std::env::var("SOFTRDMA_HOP_ONLY").unwrap_or_default();
+    // SOFTRDMA_HOP_QPS=1000: that many more idle connected QP pairs for the empty poll.
+    let qps = std::env::var("SOFTRDMA_HOP_QPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     if only == "idle" {
         println!(
-            "  empty CQ poll (drives the engine)        {:8.0} ns",
-            empty_polls(iters)
+            "  one poll of an empty CQ, {qps} more QP pairs {:8.0} ns",
+            empty_polls(iters, qps)
         );
         return;
     }
@@ -151,6 +175,10 @@ fn main() {
     );
     println!(
         "  one poll of an empty CQ                   {:8.0} ns",
-        empty_polls(iters)
+        empty_polls(iters, 0)
+    );
+    println!(
+        "  the same, 1000 more idle QP pairs         {:8.0} ns",
+        empty_polls(iters, 1000)
     );
 }

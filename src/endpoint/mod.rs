@@ -21,7 +21,7 @@ mod sim;
 pub(crate) mod stats;
 pub(crate) mod transmit;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
@@ -66,7 +66,15 @@ pub(crate) struct Endpoint {
     gsi: Box<dyn GsiAgent>,
     /// A GSI packet or a CM timer made work for [`Endpoint::transmit_gsi`].
     gsi_pending: bool,
+    /// QPs with a timer armed as of their last transmit (see [`Endpoint::handle_qp_timeouts`]):
+    /// a busy round looks at these, not at every QP of the device.
+    timed: HashSet<u32, hash::LocalKeys>,
+    /// When the timers of every QP are next looked at (and `timed` rebuilt).
+    next_timer_sweep: Instant,
 }
+
+/// How often every QP's timers are looked at, not only those of the QPs known to have one.
+const TIMER_SWEEP: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl Endpoint {
     /// The endpoint of a device on `v4` (`0.0.0.0`: none), with node GUID `node_guid`, in
@@ -81,6 +89,8 @@ impl Endpoint {
             icrc_gate: icrc::IcrcGate::new(),
             gsi: Box::new(CmEndpoint::new(v4, node_guid, slot)),
             gsi_pending: false,
+            timed: HashSet::default(),
+            next_timer_sweep: Instant::now(),
         }
     }
 
@@ -111,6 +121,7 @@ impl Endpoint {
     }
 
     pub fn remove_qp(&mut self, qpn: u32) {
+        self.timed.remove(&qpn);
         if let Some(slot) = self.qps.remove(&qpn) {
             // SOFTRDMA_RC_STATS=1: an RC QP's loss-recovery counters on stderr when it goes.
             if let QpTransport::Rc(q) = &slot.qp {
@@ -145,13 +156,40 @@ impl Endpoint {
         self.handle_cm_timeouts(now)
     }
 
-    /// Fire the QP timers due at `now`.
+    /// Fire the QP timers due at `now`. A busy application drives a round every microsecond
+    /// or so, and a device may have a thousand QPs, most of them idle: a round looks only at
+    /// the QPs that had a timer armed when they last transmitted (a timer is armed or stopped
+    /// only by sending, receiving or a timeout, and each of those ends in
+    /// [`Endpoint::transmit_qp`]); every [`TIMER_SWEEP`] it looks at all of them.
     pub fn handle_qp_timeouts(&mut self, now: Instant) {
-        for (qpn, slot) in self.qps.iter_mut() {
+        let Endpoint {
+            qps,
+            timed,
+            dirty,
+            next_timer_sweep,
+            ..
+        } = self;
+        let mut fire = |qpn: u32, slot: &mut QpSlot| {
             if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
                 slot.qp.handle_timeout(now);
-                if !self.dirty.contains(qpn) {
-                    self.dirty.push(*qpn);
+                if !dirty.contains(&qpn) {
+                    dirty.push(qpn);
+                }
+            }
+        };
+        if now >= *next_timer_sweep {
+            *next_timer_sweep = now + TIMER_SWEEP;
+            timed.clear();
+            for (&qpn, slot) in qps.iter_mut() {
+                if slot.qp.poll_timeout().is_some() {
+                    timed.insert(qpn);
+                }
+                fire(qpn, slot);
+            }
+        } else {
+            for &qpn in timed.iter() {
+                if let Some(slot) = qps.get_mut(&qpn) {
+                    fire(qpn, slot);
                 }
             }
         }

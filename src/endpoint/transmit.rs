@@ -78,6 +78,12 @@ impl Endpoint {
                 }
             }
         }
+        // Whether its timers must be looked at (see `Endpoint::handle_qp_timeouts`).
+        if slot.qp.poll_timeout().is_some() {
+            self.timed.insert(qpn);
+        } else {
+            self.timed.remove(&qpn);
+        }
     }
 
     /// Transmit for every QP that received, timed out or changed state; report a QP the
