@@ -18,13 +18,12 @@
 use std::net::UdpSocket;
 use std::time::Instant;
 
-use softrdma::transport::QpCaps;
 use softrdma::transport::{SendOp, WcOpcode, WcStatus};
-use softrdma::verbs::{MemoryRegion, QpInitAttr, QpType, WorkCompletion};
+use softrdma::verbs::{MemoryRegion, WorkCompletion};
 
 #[path = "../tests/verbs_util/mod.rs"]
 mod verbs_util;
-use verbs_util::{connect, loopback_ctx, sge, End};
+use verbs_util::{connect, loopback_ctx, rc_qp, sge, End};
 
 const WARMUP: usize = 2_000;
 
@@ -84,18 +83,9 @@ fn softrdma_round_trips(iters: usize) -> f64 {
 fn empty_polls(iters: usize, qps: usize) -> f64 {
     let a = End::new(loopback_ctx());
     let b = End::new(loopback_ctx());
-    let attr = |cq| QpInitAttr {
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCaps::default(),
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-        srq: None,
-    };
     let mut idle = Vec::with_capacity(qps);
     for _ in 0..qps {
-        let qa = a.pd.create_qp(&attr(&a.cq)).unwrap();
-        let qb = b.pd.create_qp(&attr(&b.cq)).unwrap();
+        let (qa, qb) = (rc_qp(&a.pd, &a.cq), rc_qp(&b.pd, &b.cq));
         connect(&qa, 1, qb.qp_num(), 2, b.ctx.gid());
         connect(&qb, 2, qa.qp_num(), 1, a.ctx.gid());
         idle.push((qa, qb));

@@ -15,16 +15,7 @@ use verbs_util::*;
 /// WR_FLUSH_ERR, which makes completions without any network.
 fn err_qp(ctx: &Context, cq: &CompletionQueue) -> QueuePair {
     let pd = ctx.alloc_pd().unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: cq,
-            recv_cq: cq,
-            cap: QpCaps::default(),
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
+    let qp = rc_qp(&pd, cq);
     qp.modify(&QpAttr {
         qp_state: Some(QpState::Err),
         ..Default::default()

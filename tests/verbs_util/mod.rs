@@ -46,16 +46,7 @@ impl End {
     pub fn new(ctx: Context) -> End {
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(256, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap: QpCaps::default(),
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
+        let qp = rc_qp(&pd, &cq);
         End { ctx, pd, cq, qp }
     }
 
@@ -90,6 +81,19 @@ impl End {
             }])
             .unwrap();
     }
+}
+
+/// An RC QP of `pd` completing into `cq` (send and receive), default caps.
+pub fn rc_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> QueuePair {
+    pd.create_qp(&QpInitAttr {
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCaps::default(),
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+        srq: None,
+    })
+    .unwrap()
 }
 
 pub fn wait_cq(cq: &CompletionQueue) -> WorkCompletion {
