@@ -29,12 +29,36 @@ fn same(got: &[u8], want: &[u8], seed: u64, op: usize) {
 }
 
 fn run(seed: u64, cfg: LinkConfig, n: usize, mtu: Mtu, bidir: bool) {
+    run_with(seed, cfg, n, mtu, bidir, false)
+}
+
+/// `split`: the requesters send each packet of a WRITE as a message of its own
+/// (`RcQp::set_split_writes`, what a device that batches with UDP GSO does).
+fn run_with(seed: u64, cfg: LinkConfig, n: usize, mtu: Mtu, bidir: bool, split: bool) {
     let caps = QpCaps {
         max_send_wr: 2048,
         max_recv_wr: 2048,
         ..QpCaps::default()
     };
-    let mut s = Sim::new(seed, cfg, caps);
+    let mut s = Sim::with_qps(seed, cfg, |qpn| {
+        let mut qp = RcQp::new(qpn, caps, false);
+        qp.set_split_writes(split);
+        qp
+    });
+    // Opcodes sent: WRITE Last (0x08, only a WRITE without immediate ends with it) and WRITE
+    // Only (0x0a), to check which way the WRITEs went.
+    let opcodes = std::rc::Rc::new(std::cell::Cell::new([0u32; 2]));
+    let seen = opcodes.clone();
+    s.link.filter = Some(Box::new(move |_, b| {
+        let mut c = seen.get();
+        match b[0] {
+            0x08 => c[0] += 1,
+            0x0a => c[1] += 1,
+            _ => {}
+        }
+        seen.set(c);
+        false
+    }));
     s.connect(ConnectOpts {
         mtu,
         timeout: 8,
@@ -256,6 +280,13 @@ fn run(seed: u64, cfg: LinkConfig, n: usize, mtu: Mtu, bidir: bool) {
     );
     assert_eq!(s.ends[0].qp.state(), QpState::Rts);
     assert_eq!(s.ends[1].qp.state(), QpState::Rts);
+    let [last, only] = opcodes.get();
+    if split {
+        assert_eq!(last, 0, "seed {seed}: a split WRITE ended with WRITE Last");
+        assert!(only > n as u32 / 7, "seed {seed}: {only} WRITE Only");
+    } else {
+        assert!(last > 0, "seed {seed}: no multi-packet WRITE was sent");
+    }
 }
 
 #[test]
@@ -272,6 +303,23 @@ fn lossy_link_mixed_ops_several_seeds() {
             300,
             Mtu::Mtu1024,
             seed % 2 == 0,
+        );
+    }
+}
+
+#[test]
+fn lossy_link_split_writes() {
+    // Every packet of a WRITE a message of its own: the same bytes land, once, in order, and
+    // the WRITEs with immediate (not split) still report their whole length.
+    run_with(7, LinkConfig::default(), 300, Mtu::Mtu1024, true, true);
+    for seed in 30..=33 {
+        run_with(
+            seed,
+            LinkConfig::lossy(0.10, 0.10, 0.10),
+            300,
+            Mtu::Mtu256,
+            seed % 2 == 0,
+            true,
         );
     }
 }

@@ -800,3 +800,102 @@ fn capture_shows_the_order_packets_left_in() {
         .collect();
     assert_eq!(to_a, want);
 }
+
+/// On a device that batches with UDP GSO (loopback), a multi-packet RDMA WRITE leaves as one
+/// RDMA WRITE Only per packet, each with a RETH for its part and AckReq on the last only, so
+/// that all of its packets have one length and share GSO messages; the peer's memory gets the
+/// same bytes. A WRITE with immediate stays one message (First, Middle, Last with immediate)
+/// and its receive completion reports the whole length.
+#[test]
+fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
+    use softrdma::verbs::ContextOptions;
+    use softrdma::wire::{ethernet, pcap::PcapSlice, Opcode, Packet};
+    let pb = std::env::temp_dir().join(format!(
+        "softrdma-verbs-e2e-split-{}.pcap",
+        std::process::id()
+    ));
+    let dev = softrdma::devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.addr().is_loopback())
+        .unwrap();
+    let mtu = 1024; // `connect`'s path MTU
+    let len = 3 * mtu + 100;
+    let (b_qpn, rkey, base);
+    {
+        let a = End::new(
+            dev.open_with(&ContextOptions {
+                pcap: Some(pb.clone()),
+            })
+            .unwrap(),
+        );
+        let b = End::new(dev.open().unwrap());
+        connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
+        connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
+        let (ma, mb) = (a.mr(2 * len), b.mr(2 * len));
+        let data = pattern(len, 4);
+        ma.write(0, &data).unwrap();
+        (b_qpn, rkey, base) = (b.qp.qp_num(), mb.rkey(), mb.addr());
+        let write = SendOp::RdmaWrite {
+            remote_addr: base,
+            rkey,
+        };
+        a.post_send(1, write, &[sge(&ma, 0, len)]);
+        let wc = a.wait();
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, len as u32));
+        assert!(mb.lock()[..len] == data[..]);
+        b.post_recv(2, &[sge(&mb, 0, 8)]);
+        let imm = SendOp::RdmaWriteWithImm {
+            remote_addr: base + len as u64,
+            rkey,
+            imm: 9,
+        };
+        a.post_send(2, imm, &[sge(&ma, 0, len)]);
+        assert_eq!(a.wait().status, WcStatus::Success);
+        let wc = b.wait();
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len, wc.imm_data),
+            (
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                len as u32,
+                Some(9)
+            )
+        );
+        assert!(mb.lock()[len..] == data[..]);
+    }
+    let data = std::fs::read(&pb).unwrap();
+    let _ = std::fs::remove_file(&pb);
+    // A's packets to B's QP: (opcode, RETH va offset and length, AckReq).
+    let to_b: Vec<(Opcode, Option<(u64, u32)>, bool)> = PcapSlice::new(&data)
+        .unwrap()
+        .map(|rec| {
+            let (_, payload) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
+            let p = Packet::parse(payload).unwrap();
+            assert_eq!(p.reth.map_or(rkey, |r| r.rkey), rkey);
+            (
+                p.bth.dest_qpn,
+                p.bth.opcode,
+                p.reth.map(|r| (r.va - base, r.dma_len)),
+                p.bth.ack_req,
+            )
+        })
+        .filter(|&(qpn, ..)| qpn == b_qpn)
+        .map(|(_, op, reth, ack)| (op, reth, ack))
+        .collect();
+    let (m, l) = (mtu as u64, len as u32);
+    let w = |off: u64, n: u32, ack| (Opcode::RC_RDMA_WRITE_ONLY, Some((off, n)), ack);
+    assert_eq!(
+        to_b,
+        vec![
+            w(0, 1024, false),
+            w(m, 1024, false),
+            w(2 * m, 1024, false),
+            w(3 * m, 100, true),
+            (Opcode::RC_RDMA_WRITE_FIRST, Some((len as u64, l)), false),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, None, false),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, None, false),
+            (Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, None, true),
+        ]
+    );
+}

@@ -367,6 +367,11 @@ impl TxBatch {
         true
     }
 
+    /// Whether packets to one QP go out as UDP GSO messages (else one by one).
+    pub fn segments(&self) -> bool {
+        self.gso
+    }
+
     /// Whether the next packet may not fit: flush first.
     pub fn is_full(&self) -> bool {
         self.n == TX_MSGS || self.used + SLOT > self.arena.len()

@@ -116,6 +116,13 @@ impl std::ops::DerefMut for Engine {
 }
 
 impl Engine {
+    /// Whether this device sends a QP's packets in UDP GSO messages, which batch only packets
+    /// of one length: its RC QPs then send a WRITE as a message per packet
+    /// (`RcQp::set_split_writes`).
+    pub fn batches_equal_lengths(&self) -> bool {
+        self.tx.segments()
+    }
+
     /// The engine of the endpoint `io` (its addresses, slot and GSO support).
     pub fn new(capture: Option<PathBuf>, io: &Io, node_guid: u64) -> Result<Engine, EndpointError> {
         let locals: Vec<std::net::IpAddr> = io.socks.iter().map(|s| s.local.ip()).collect();

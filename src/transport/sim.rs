@@ -554,7 +554,8 @@ pub struct Sim<Q = RcQp> {
 const SIM_QPN: [u32; 2] = [0x11, 0x22];
 
 impl<Q> Sim<Q> {
-    fn with_qps(seed: u64, cfg: LinkConfig, mk: impl Fn(u32) -> Q) -> Self {
+    /// Two QPs made by `mk` from their QP numbers ([`Sim::QPN`]), in RESET.
+    pub fn with_qps(seed: u64, cfg: LinkConfig, mk: impl Fn(u32) -> Q) -> Self {
         let base = Instant::now();
         let end = |qpn| Endpoint {
             qp: mk(qpn),

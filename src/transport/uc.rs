@@ -446,6 +446,9 @@ impl UcQp {
             max_rd_atomic: 0,
             draining: self.core.state == QpState::Sqd,
             unreliable: true,
+            // UC keeps First/Middle/Last: with nothing retransmitted, a responder drops the
+            // rest of a message after a lost packet, which per-packet messages would not.
+            split_writes: false,
         };
         match self.req.next_packet(&p, mem, buf)? {
             ReqEvent::Packet(n) => {

@@ -164,7 +164,7 @@ impl QueuePair {
         }
         let qpn = engine.alloc_qpn()?;
         let mtu = pd.shared.device.active_mtu();
-        let qp = match (attr.qp_type, attr.srq.is_some()) {
+        let mut qp = match (attr.qp_type, attr.srq.is_some()) {
             (QpType::Rc, false) => QpTransport::Rc(RcQp::new(qpn, caps, attr.sq_sig_all)),
             (QpType::Rc, true) => QpTransport::Rc(RcQp::with_srq(qpn, caps, attr.sq_sig_all)),
             (QpType::Uc, false) => QpTransport::Uc(UcQp::new(qpn, caps, attr.sq_sig_all)),
@@ -172,6 +172,9 @@ impl QueuePair {
             (QpType::Ud, false) => QpTransport::Ud(UdQp::new(qpn, caps, attr.sq_sig_all, mtu)),
             (QpType::Ud, true) => QpTransport::Ud(UdQp::with_srq(qpn, caps, attr.sq_sig_all, mtu)),
         };
+        if let QpTransport::Rc(rc) = &mut qp {
+            rc.set_split_writes(engine.batches_equal_lengths());
+        }
         let srq = attr.srq.map(|s| s.inner.clone());
         engine.insert_qp(
             qpn,

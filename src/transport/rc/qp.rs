@@ -161,6 +161,8 @@ pub struct RcQp {
     probe_rd: bool,
     /// The probe out is the one sent at once after a duplicate answer.
     probe_chained: bool,
+    /// See [`RcQp::set_split_writes`].
+    split_writes: bool,
 }
 
 impl RcQp {
@@ -200,7 +202,24 @@ impl RcQp {
             probe_resume: Psn::new(0),
             probe_rd: false,
             probe_chained: false,
+            split_writes: false,
         }
+    }
+
+    /// Send each packet of a multi-packet RDMA WRITE (without immediate) as a message of its
+    /// own, an RDMA WRITE Only with a RETH for its part, instead of First, Middle... Last.
+    ///
+    /// The memory the peer ends up with is the same; what changes is that every packet of the
+    /// WRITE has the same length. A First carries a 16-byte RETH that the Middle and Last
+    /// packets behind it do not, and UDP segmentation offload (one `sendmsg` of equal-sized
+    /// datagrams but the last) can then batch a WRITE's packets only from the second one on,
+    /// and never a Last with the next WRITE's First: two system calls' worth of datagrams per
+    /// WRITE where SENDs take one. The driver turns this on where it batches with GSO.
+    /// Costs: 16 bytes per packet; the peer checks the key once per packet (it does the
+    /// same work once per message otherwise) and counts a message (MSN) per packet. A WRITE with
+    /// immediate keeps its one message: its receive completion reports the whole length.
+    pub fn set_split_writes(&mut self, on: bool) {
+        self.split_writes = on;
     }
     /// A new QP in RESET that takes its receive WQEs from a shared receive queue (lent with
     /// each packet, [`RcQp::handle_packet_srq`]) and has none of its own: `caps.max_recv_wr`
@@ -289,6 +308,7 @@ impl RcQp {
             max_rd_atomic: self.core.attr.max_rd_atomic.unwrap_or(0) as u32,
             draining: self.core.state == QpState::Sqd,
             unreliable: false,
+            split_writes: self.split_writes,
         }
     }
 

@@ -119,6 +119,11 @@ pub(crate) struct ReqParams {
     /// Unreliable Connected: UC opcodes, and no window of unacknowledged PSNs (nothing is ever
     /// acknowledged); the QP retires each WQE once its last packet is out.
     pub unreliable: bool,
+    /// Send a multi-packet RDMA WRITE (without immediate) as one RDMA WRITE Only per packet,
+    /// each with its own RETH, instead of First/Middle/Last ([`RcQp::set_split_writes`]).
+    ///
+    /// [`RcQp::set_split_writes`]: super::RcQp::set_split_writes
+    pub split_writes: bool,
 }
 
 /// What the requester produced.
@@ -347,6 +352,7 @@ impl Requester {
                     (SendOp::Send, true, ..) => Opcode::RC_SEND_ONLY,
                     (SendOp::SendWithImm { .. }, true, ..) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
                     (SendOp::RdmaWrite { .. }, true, ..) => Opcode::RC_RDMA_WRITE_ONLY,
+                    (SendOp::RdmaWrite { .. }, ..) if p.split_writes => Opcode::RC_RDMA_WRITE_ONLY,
                     (SendOp::RdmaWriteWithImm { .. }, true, ..) => {
                         Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
                     }
@@ -403,7 +409,15 @@ impl Requester {
         let mut pkt = Packet::new(bth, &[]);
         let info = opcode.info().expect("requester opcodes are in the table");
         match e.wqe.op {
-            // RETH on the first packet of an RDMA WRITE, with the whole length (IBA 9.3.3).
+            // RETH on the first packet of an RDMA WRITE, with the whole length (IBA 9.3.3); on
+            // every packet of a split one, with that packet's part.
+            SendOp::RdmaWrite { remote_addr, rkey } if p.split_writes && info.headers.reth => {
+                pkt.reth = Some(Reth {
+                    va: remote_addr.wrapping_add(payload_off as u64),
+                    rkey,
+                    dma_len: payload_len as u32,
+                });
+            }
             SendOp::RdmaWrite { remote_addr, rkey }
             | SendOp::RdmaWriteWithImm {
                 remote_addr, rkey, ..
@@ -520,16 +534,109 @@ mod tests {
             max_rd_atomic: 2,
             draining: false,
             unreliable: false,
+            split_writes: false,
         }
     }
 
     fn packets(req: &mut Requester, mem: &VecMemory) -> Vec<Vec<u8>> {
+        packets_with(req, mem, &params())
+    }
+
+    fn packets_with(req: &mut Requester, mem: &VecMemory, p: &ReqParams) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 1024];
-        while let Some(ReqEvent::Packet(n)) = req.next_packet(&params(), mem, &mut buf) {
+        while let Some(ReqEvent::Packet(n)) = req.next_packet(p, mem, &mut buf) {
             out.push(buf[..n].to_vec());
         }
         out
+    }
+
+    #[test]
+    fn split_write_is_a_write_only_per_packet() {
+        let mem = VecMemory::new();
+        let mr = mem.register(1000, AccessFlags::LOCAL_WRITE);
+        mem.write(mr.addr, &crate::transport::sim::pattern(2, 1000));
+        let mut req = Requester::default();
+        req.reset(Psn::new(100));
+        let write = SendOp::RdmaWrite {
+            remote_addr: 0x5000,
+            rkey: 7,
+        };
+        let imm = SendOp::RdmaWriteWithImm {
+            remote_addr: 0x9000,
+            rkey: 7,
+            imm: 5,
+        };
+        for (id, op) in [(1, write), (2, imm)] {
+            req.sq.push_back(SendEntry::new(
+                send_wr(id, op, vec![mr.sge(0, 700)]),
+                true,
+                256,
+            ));
+        }
+        let split = ReqParams {
+            split_writes: true,
+            ..params()
+        };
+        let pk = packets_with(&mut req, &mem, &split);
+        let p: Vec<_> = pk.iter().map(|b| Packet::parse(b).unwrap()).collect();
+        // The WRITE: three messages of one packet, each with a RETH for its part, AckReq on
+        // the last; the WRITE with immediate stays one message (its receive completion
+        // reports the whole length).
+        assert_eq!(
+            p.iter()
+                .map(|p| (p.bth.opcode, p.reth, p.bth.ack_req))
+                .collect::<Vec<_>>(),
+            vec![
+                (
+                    Opcode::RC_RDMA_WRITE_ONLY,
+                    Some(Reth {
+                        va: 0x5000,
+                        rkey: 7,
+                        dma_len: 256
+                    }),
+                    false
+                ),
+                (
+                    Opcode::RC_RDMA_WRITE_ONLY,
+                    Some(Reth {
+                        va: 0x5100,
+                        rkey: 7,
+                        dma_len: 256
+                    }),
+                    false
+                ),
+                (
+                    Opcode::RC_RDMA_WRITE_ONLY,
+                    Some(Reth {
+                        va: 0x5200,
+                        rkey: 7,
+                        dma_len: 188
+                    }),
+                    true
+                ),
+                (
+                    Opcode::RC_RDMA_WRITE_FIRST,
+                    Some(Reth {
+                        va: 0x9000,
+                        rkey: 7,
+                        dma_len: 700
+                    }),
+                    false
+                ),
+                (Opcode::RC_RDMA_WRITE_MIDDLE, None, false),
+                (Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, None, true),
+            ]
+        );
+        // Every packet of the split WRITE is as long as the first (the last carries less).
+        assert_eq!(pk[0].len(), pk[1].len());
+        let all: Vec<u8> = p[..3].iter().flat_map(|p| p.payload.to_vec()).collect();
+        assert_eq!(all, mem.read(mr.addr, 700));
+        // A retransmission from the middle packet builds it again, RETH and all.
+        req.seek(Psn::new(101));
+        let again = packets_with(&mut req, &mem, &split);
+        assert_eq!(again.len(), 5);
+        assert_eq!(again[..2], pk[1..3]);
     }
 
     #[test]

@@ -347,13 +347,20 @@ impl Responder {
         Ok(())
     }
 
-    /// A SEND or WRITE packet executed: expect the next PSN, and owe an ACK if asked for or
-    /// at the message's end.
+    /// A SEND or WRITE packet executed: expect the next PSN, and owe an ACK if asked for, or
+    /// at the end of a message that consumed a receive WQE. A plain RDMA WRITE that does not
+    /// ask is not acknowledged, as rxe does it (rxe_resp.c acknowledges only AckReq): a
+    /// requester that splits a WRITE into a message per packet asks on the last one
+    /// (`RcQp::set_split_writes`), and an ACK per packet would double the datagrams.
     fn acknowledge(&mut self, pkt: &Packet<'_>, ends: bool) {
         let psn = pkt.bth.psn;
         self.epsn = psn.add(1);
         self.nak_sent = false;
-        if pkt.bth.ack_req || ends {
+        let plain_write = matches!(
+            pkt.bth.opcode,
+            Opcode::RC_RDMA_WRITE_ONLY | Opcode::RC_RDMA_WRITE_LAST
+        );
+        if pkt.bth.ack_req || (ends && !plain_write) {
             self.push_ack(psn);
         }
     }
@@ -719,6 +726,37 @@ mod tests {
         assert_eq!(t.mem.read(mr.addr, 16), vec![9; 16]);
         assert_eq!(t.r.epsn, Psn::new(12));
         assert_eq!(t.r.msn, 2);
+    }
+
+    #[test]
+    fn a_write_that_does_not_ask_is_not_acknowledged() {
+        // As rxe: a plain WRITE message without AckReq gets no ACK (a split WRITE asks on its
+        // last packet only); a SEND is acknowledged at its end whether it asks or not.
+        let mut t = T::new();
+        let mr = t.mem.register(256, AccessFlags(0xf));
+        let mut w = write(10, mr.addr, mr.rkey, &[1; 16]);
+        w.bth.ack_req = false;
+        t.feed(w);
+        assert_eq!(t.out(), vec![]);
+        assert_eq!(t.mem.read(mr.addr, 16), vec![1; 16]);
+        t.feed(write(11, mr.addr + 16, mr.rkey, &[2; 16]));
+        assert_eq!(
+            t.out(),
+            vec![(Opcode::RC_ACKNOWLEDGE, 11, ACK, vec![], None)]
+        );
+        t.r.rq.push_back(RecvWqe {
+            wr_id: 1,
+            sg_list: vec![mr.sge(64, 64)].into(),
+        });
+        t.feed(Packet::new(
+            Bth::new(Opcode::RC_SEND_ONLY, 1, Psn::new(12)),
+            &[3; 8],
+        ));
+        assert_eq!(
+            t.out(),
+            vec![(Opcode::RC_ACKNOWLEDGE, 12, ACK, vec![], None)]
+        );
+        assert_eq!(t.comps.len(), 1);
     }
 
     #[test]
