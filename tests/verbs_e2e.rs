@@ -867,7 +867,8 @@ fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
     let data = std::fs::read(&pb).unwrap();
     let _ = std::fs::remove_file(&pb);
     // A's packets to B's QP: (opcode, RETH va offset and length, AckReq).
-    let to_b: Vec<(Opcode, Option<(u64, u32)>, bool)> = PcapSlice::new(&data)
+    type Seen = (Opcode, Option<(u64, u32)>, bool);
+    let to_b: Vec<Seen> = PcapSlice::new(&data)
         .unwrap()
         .map(|rec| {
             let (_, payload) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
