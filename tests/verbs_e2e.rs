@@ -690,6 +690,66 @@ fn pcap_capture_of_both_contexts() {
     assert!((6..=8).contains(&n), "{n} records");
 }
 
+/// A context that captures alone records what it receives from another context on the same
+/// address (every process on a host shares its address, loopback included): both directions
+/// are in its file. Two contexts that share a file record a datagram between them once (above).
+#[test]
+fn capture_shows_what_comes_from_a_context_sharing_the_address() {
+    use softrdma::verbs::ContextOptions;
+    use softrdma::wire::{ethernet, pcap::PcapSlice, Packet};
+    let path = std::env::temp_dir().join(format!(
+        "softrdma-verbs-e2e-sharer-{}.pcap",
+        std::process::id()
+    ));
+    let dev = softrdma::devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.addr().is_loopback())
+        .unwrap();
+    let (a_qpn, b_qpn);
+    {
+        let a = End::new(dev.open().unwrap());
+        let b = End::new(
+            dev.open_with(&ContextOptions {
+                pcap: Some(path.clone()),
+            })
+            .unwrap(),
+        );
+        assert_eq!(a.ctx.gid(), b.ctx.gid(), "one address");
+        (a_qpn, b_qpn) = (a.qp.qp_num(), b.qp.qp_num());
+        connect(&a.qp, 1, b_qpn, 2, b.ctx.gid());
+        connect(&b.qp, 2, a_qpn, 1, a.ctx.gid());
+        let (ma, mb) = (a.mr(64), b.mr(64));
+        for i in 0..3 {
+            b.post_recv(i, &[sge(&mb, 0, 64)]);
+            a.post_send(i, SendOp::Send, &[sge(&ma, 0, 8)]);
+            assert_eq!(a.wait().status, WcStatus::Success);
+            assert_eq!(b.wait().status, WcStatus::Success);
+        }
+        a.post_recv(9, &[sge(&ma, 0, 64)]);
+        b.post_send(9, SendOp::Send, &[sge(&mb, 0, 8)]);
+        assert_eq!(b.wait().status, WcStatus::Success);
+        assert_eq!(a.wait().status, WcStatus::Success);
+    }
+    let data = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    // (opcode, destination QP) of every record.
+    let recs: Vec<(u8, u32)> = PcapSlice::new(&data)
+        .unwrap()
+        .map(|rec| {
+            let (_, payload) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
+            let p = Packet::parse(payload).unwrap();
+            (p.bth.opcode.0, p.bth.dest_qpn)
+        })
+        .collect();
+    let count = |op: u8, qpn: u32| recs.iter().filter(|&&r| r == (op, qpn)).count();
+    // A's three SENDs to B and its ACK of B's SEND came in; B's SEND and ACKs went out.
+    assert_eq!(count(0x04, b_qpn), 3, "{recs:?}");
+    assert_eq!(count(0x04, a_qpn), 1, "{recs:?}");
+    assert!(count(0x11, a_qpn) >= 1, "{recs:?}");
+    assert_eq!(count(0x11, b_qpn), 1, "{recs:?}");
+}
+
 /// A busy-polling receiver's ACK waits to go out behind its answer (the ping-pong's round trip
 /// loses the ACK's send), but never waits on an application that stops calling in: a receiver
 /// that takes its completion and then neither answers nor polls still acknowledges within

@@ -4,9 +4,10 @@
 //!
 //! Contexts of one process that name the same file share one writer (the loopback example opens
 //! two); a datagram between two of them is then recorded once, when sent, as a capture on `lo`
-//! would show it.
+//! would show it. Which datagrams those are is known by their content, not their source address:
+//! other contexts, of this process or another, may share the address without sharing the file.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -24,6 +25,65 @@ struct Writer {
     failed: bool,
     /// Local addresses of the contexts sharing this file.
     locals: Vec<IpAddr>,
+    /// Datagrams recorded as sent to one of `locals` and not yet seen arriving (by
+    /// [`fingerprint`], with how many): a context of this file that receives one skips it.
+    /// At most [`SENT_KEPT`], oldest forgotten first (`sent_order`): a datagram for a context
+    /// that does not record here (another process on the address, say) is never claimed.
+    sent: HashMap<u64, u32>,
+    sent_order: VecDeque<u64>,
+}
+
+/// How many sent datagrams a writer remembers for its receivers to skip.
+const SENT_KEPT: usize = 8192;
+
+/// What identifies a datagram between two contexts of one file: its length, BTH (opcode,
+/// destination QP, PSN) and ICRC (over everything else).
+fn fingerprint(payload: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    payload.len().hash(&mut h);
+    payload[..payload.len().min(12)].hash(&mut h);
+    payload[payload.len().saturating_sub(4)..].hash(&mut h);
+    h.finish()
+}
+
+impl Writer {
+    /// A datagram this file's contexts sent to `dst`: remember it if one of them may receive it.
+    fn sent_to(&mut self, dst: IpAddr, payload: &[u8]) {
+        if !self.locals.contains(&dst) {
+            return;
+        }
+        if self.sent_order.len() == SENT_KEPT {
+            if let Some(old) = self.sent_order.pop_front() {
+                self.forget(old);
+            }
+        }
+        let k = fingerprint(payload);
+        *self.sent.entry(k).or_insert(0) += 1;
+        self.sent_order.push_back(k);
+    }
+
+    /// Whether a datagram received from `src` was recorded when sent (and is now claimed).
+    fn claims(&mut self, src: IpAddr, payload: &[u8]) -> bool {
+        if !self.locals.contains(&src) {
+            return false;
+        }
+        let k = fingerprint(payload);
+        if !self.sent.contains_key(&k) {
+            return false;
+        }
+        self.forget(k);
+        true
+    }
+
+    fn forget(&mut self, k: u64) {
+        if let Some(n) = self.sent.get_mut(&k) {
+            *n -= 1;
+            if *n == 0 {
+                self.sent.remove(&k);
+            }
+        }
+    }
 }
 
 /// One context's handle on a (possibly shared) capture file.
@@ -56,6 +116,8 @@ impl Capture {
                     out: PcapWriter::create(path)?,
                     failed: false,
                     locals: Vec::new(),
+                    sent: HashMap::new(),
+                    sent_order: VecDeque::new(),
                 }));
                 reg.insert(key, Arc::downgrade(&w));
                 w
@@ -75,16 +137,20 @@ impl Capture {
     /// socket (skipped if its sender records into the same file).
     pub fn record(&mut self, ip_udp: &[u8; IPV4_LEN + UDP_LEN], payload: &[u8], received: bool) {
         let src = Ipv4Addr::new(ip_udp[12], ip_udp[13], ip_udp[14], ip_udp[15]);
-        self.write(IpAddr::V4(src), received, |w| {
+        let dst = Ipv4Addr::new(ip_udp[16], ip_udp[17], ip_udp[18], ip_udp[19]);
+        self.write((src.into(), dst.into()), payload, received, |w| {
             w.write_roce(SystemTime::now(), ip_udp, payload)
         });
     }
 
     /// [`Capture::record`] for a datagram over IPv6.
     pub fn record_v6(&mut self, ip_udp: &[u8; IPV6_LEN + UDP_LEN], payload: &[u8], received: bool) {
-        let mut src = [0u8; 16];
-        src.copy_from_slice(&ip_udp[8..24]);
-        self.write(IpAddr::V6(Ipv6Addr::from(src)), received, |w| {
+        let addr = |at: usize| {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&ip_udp[at..at + 16]);
+            IpAddr::V6(Ipv6Addr::from(a))
+        };
+        self.write((addr(8), addr(24)), payload, received, |w| {
             // The checksum the kernel puts on the wire (the engine leaves it 0: the ICRC masks
             // it), so that the capture shows valid UDP.
             let mut h = *ip_udp;
@@ -94,15 +160,25 @@ impl Capture {
         });
     }
 
+    /// Write one datagram from `src` to `dst` (`addrs`) with `f`, unless it was recorded when a
+    /// context of this file sent it.
     fn write(
         &mut self,
-        src: IpAddr,
+        (src, dst): (IpAddr, IpAddr),
+        payload: &[u8],
         received: bool,
         f: impl FnOnce(&mut PcapWriter<BufWriter<File>>) -> std::io::Result<()>,
     ) {
         let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
-        if w.failed || (received && w.locals.contains(&src)) {
+        if w.failed {
             return;
+        }
+        if received {
+            if w.claims(src, payload) {
+                return;
+            }
+        } else {
+            w.sent_to(dst, payload);
         }
         // Flushed at once: a datagram is in the file before it is on the wire, so a capture
         // is complete whenever the peer has seen the traffic (captures are for debugging; the
