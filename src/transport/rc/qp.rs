@@ -217,7 +217,11 @@ impl RcQp {
     /// WRITE where SENDs take one. The driver turns this on where it batches with GSO.
     /// Costs: 16 bytes per packet; the peer checks the key once per packet (it does the
     /// same work once per message otherwise) and counts a message (MSN) per packet. A WRITE with
-    /// immediate keeps its one message: its receive completion reports the whole length.
+    /// immediate keeps its one message: its receive completion reports the whole length. One
+    /// difference shows only in error: a WRITE whose range the peer refuses part-way (it runs
+    /// past the region) has placed its packets before the refused one, where one message is
+    /// refused whole at its First; either way the WR completes with REM_ACCESS_ERR and both QPs
+    /// go to ERR, and IBA leaves the target of a failed request undefined.
     pub fn set_split_writes(&mut self, on: bool) {
         self.split_writes = on;
     }
