@@ -221,7 +221,7 @@ impl RcQp {
     /// difference shows only in error: a WRITE whose range the peer refuses part-way (it runs
     /// past the region) has placed its packets before the refused one, where one message is
     /// refused whole at its First; either way the WR completes with REM_ACCESS_ERR and both QPs
-    /// go to ERR, and IBA leaves the target of a failed request undefined.
+    /// go to ERR.
     pub fn set_split_writes(&mut self, on: bool) {
         self.split_writes = on;
     }
