@@ -593,3 +593,43 @@ fn remote_error_after_successful_messages() {
         s.ends[0].mem.read(lmr.addr, 2000)
     );
 }
+
+/// A WRITE split into a message per packet (`RcQp::set_split_writes`) whose range runs past the
+/// remote region: the packets before the refused one have landed (a single message would have
+/// been refused whole at its First), and the rest goes as for any remote access error: the WR
+/// completes with REM_ACCESS_ERR, the ones behind it flush, and the responder's QP is in ERR.
+#[test]
+fn split_write_refused_part_way() {
+    let mut s = Sim::with_qps(7, LinkConfig::default(), |qpn| {
+        let mut qp = RcQp::new(qpn, QpCaps::default(), false);
+        qp.set_split_writes(true);
+        qp
+    });
+    s.connect(ConnectOpts::default());
+    let lmr = s.ends[0].mem.register(8192, ALL);
+    let rmr = s.ends[1].mem.register(3000, ALL);
+    let data = pattern(3, 8192);
+    s.ends[0].mem.write(lmr.addr, &data);
+    // Three packets at MTU 1024: [0, 1024) and [1024, 2048) fit, [2048, 3072) does not.
+    let bad = send_wr(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: rmr.addr,
+            rkey: rmr.rkey,
+        },
+        vec![lmr.sge(0, 3072)],
+    );
+    let sc = fail_then_flush(&mut s, bad, &lmr, &rmr);
+    assert_eq!(
+        statuses(&sc),
+        vec![
+            (1, WcStatus::RemAccessErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(s.ends[0].qp.state(), QpState::Err);
+    assert_eq!(s.ends[1].qp.state(), QpState::Err);
+    assert_eq!(s.ends[1].mem.read(rmr.addr, 2048), data[..2048]);
+    assert_eq!(s.ends[1].mem.read(rmr.addr + 2048, 952), vec![0; 952]);
+}
