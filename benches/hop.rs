@@ -163,6 +163,9 @@ fn main() {
         rc,
         rc / raw
     );
+    if only == "rc" {
+        return;
+    }
     println!(
         "  one poll of an empty CQ                   {:8.0} ns",
         empty_polls(iters, 0)
