@@ -38,6 +38,9 @@ fn main() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let msgs = env("SOFTRDMA_SIM_MSGS", 1000);
     let seeds = env("SOFTRDMA_SIM_SEEDS", 3);
+    // SOFTRDMA_SIM_SPLIT=1: each packet of a WRITE a message of its own (what a device that
+    // sends with UDP GSO does, `RcQp::set_split_writes`).
+    let split = env("SOFTRDMA_SIM_SPLIT", 0) != 0;
     let profiles = [
         Profile {
             name: "10MB/s,500us",
@@ -80,6 +83,7 @@ fn main() {
                                 messages: msgs,
                                 depth,
                                 mtu,
+                                split_writes: split,
                                 ..StreamOpts::default()
                             };
                             let r = write_stream(seed + 1, cfg, o, 200_000_000);

@@ -830,6 +830,9 @@ pub struct StreamOpts {
     /// Each WRITE goes to its own slot of the receiver's memory with its own data, and all
     /// of it is compared at the end (costs memory: `messages * msg_len` on each side).
     pub verify: bool,
+    /// The requester sends each packet of a WRITE as a message of its own
+    /// ([`RcQp::set_split_writes`], what a device that batches with UDP GSO does).
+    pub split_writes: bool,
 }
 
 impl Default for StreamOpts {
@@ -842,6 +845,7 @@ impl Default for StreamOpts {
             timeout: 14,
             retry_cnt: 7,
             verify: false,
+            split_writes: false,
         }
     }
 }
@@ -856,7 +860,11 @@ pub fn write_stream(seed: u64, cfg: LinkConfig, o: StreamOpts, max_steps: u64) -
         max_recv_wr: 16,
         ..QpCaps::default()
     };
-    let mut s = Sim::new(seed, cfg, caps);
+    let mut s = Sim::with_qps(seed, cfg, |qpn| {
+        let mut qp = RcQp::new(qpn, caps, false);
+        qp.set_split_writes(o.split_writes);
+        qp
+    });
     s.connect(ConnectOpts {
         mtu: o.mtu,
         timeout: o.timeout,
