@@ -19,6 +19,39 @@ fn read_u64(mr: &softrdma::verbs::MemoryRegion, off: usize) -> u64 {
     u64::from_ne_bytes(b)
 }
 
+/// A fresh pcap file for the test `tag` (one per process).
+fn pcap_path(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "softrdma-verbs-e2e-{tag}-{}.pcap",
+        std::process::id()
+    ))
+}
+
+/// A context on the loopback device that records its traffic into `path`.
+fn captured_ctx(path: &std::path::Path) -> softrdma::verbs::Context {
+    let opts = softrdma::verbs::ContextOptions {
+        pcap: Some(path.to_path_buf()),
+    };
+    loopback_dev()
+        .open_with(&opts)
+        .expect("open with a capture")
+}
+
+/// The datagrams of the capture at `path` in its order, each as its IPv4+UDP header and UDP
+/// payload (the file is removed; its contexts must be gone, so that it is flushed).
+fn captured(path: &std::path::Path) -> Vec<([u8; 28], Vec<u8>)> {
+    use softrdma::wire::{ethernet, pcap::PcapSlice};
+    let data = std::fs::read(path).unwrap();
+    let _ = std::fs::remove_file(path);
+    PcapSlice::new(&data)
+        .unwrap()
+        .map(|rec| {
+            let (h, p) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
+            (h, p.to_vec())
+        })
+        .collect()
+}
+
 #[test]
 fn send_recv_small_large_inline_and_immediate() {
     let (a, b) = pair();
@@ -643,20 +676,11 @@ fn channel_wait_and_solicited_events() {
 /// ICRC over the IPv4/UDP header they were sent with.
 #[test]
 fn pcap_capture_of_both_contexts() {
-    use softrdma::verbs::ContextOptions;
-    use softrdma::wire::{ethernet, icrc, pcap::PcapSlice, Packet};
-    let path = std::env::temp_dir().join(format!("softrdma-verbs-e2e-{}.pcap", std::process::id()));
-    let opts = ContextOptions {
-        pcap: Some(path.clone()),
-    };
-    let dev = softrdma::devices()
-        .unwrap()
-        .into_iter()
-        .find(|d| d.addr().is_loopback())
-        .unwrap();
+    use softrdma::wire::{icrc, Packet};
+    let path = pcap_path("both");
     {
-        let a = End::new(dev.open_with(&opts).unwrap());
-        let b = End::new(dev.open_with(&opts).unwrap());
+        let a = End::new(captured_ctx(&path));
+        let b = End::new(captured_ctx(&path));
         connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
         connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
         let ma = a.mr(4096);
@@ -676,17 +700,13 @@ fn pcap_capture_of_both_contexts() {
         assert_eq!(a.wait().status, WcStatus::Success);
         // Contexts drop here and flush the file.
     }
-    let data = std::fs::read(&path).unwrap();
-    let _ = std::fs::remove_file(&path);
-    let mut n = 0;
-    for rec in PcapSlice::new(&data).unwrap() {
-        let rec = rec.unwrap();
-        let (ip_udp, payload) = ethernet::split_ipv4_udp(rec.data).unwrap();
-        icrc::verify_v4(&ip_udp, payload).expect("valid ICRC");
+    let recs = captured(&path);
+    for (ip_udp, payload) in &recs {
+        icrc::verify_v4(ip_udp, payload).expect("valid ICRC");
         Packet::parse(payload).unwrap();
-        n += 1;
     }
     // SEND: 3 packets + ACK(s); READ: request + response. Each recorded once.
+    let n = recs.len();
     assert!((6..=8).contains(&n), "{n} records");
 }
 
@@ -695,26 +715,12 @@ fn pcap_capture_of_both_contexts() {
 /// are in its file. Two contexts that share a file record a datagram between them once (above).
 #[test]
 fn capture_shows_what_comes_from_a_context_sharing_the_address() {
-    use softrdma::verbs::ContextOptions;
-    use softrdma::wire::{ethernet, pcap::PcapSlice, Packet};
-    let path = std::env::temp_dir().join(format!(
-        "softrdma-verbs-e2e-sharer-{}.pcap",
-        std::process::id()
-    ));
-    let dev = softrdma::devices()
-        .unwrap()
-        .into_iter()
-        .find(|d| d.addr().is_loopback())
-        .unwrap();
+    use softrdma::wire::Packet;
+    let path = pcap_path("sharer");
     let (a_qpn, b_qpn);
     {
-        let a = End::new(dev.open().unwrap());
-        let b = End::new(
-            dev.open_with(&ContextOptions {
-                pcap: Some(path.clone()),
-            })
-            .unwrap(),
-        );
+        let a = End::new(loopback_ctx());
+        let b = End::new(captured_ctx(&path));
         assert_eq!(a.ctx.gid(), b.ctx.gid(), "one address");
         (a_qpn, b_qpn) = (a.qp.qp_num(), b.qp.qp_num());
         connect(&a.qp, 1, b_qpn, 2, b.ctx.gid());
@@ -731,13 +737,10 @@ fn capture_shows_what_comes_from_a_context_sharing_the_address() {
         assert_eq!(b.wait().status, WcStatus::Success);
         assert_eq!(a.wait().status, WcStatus::Success);
     }
-    let data = std::fs::read(&path).unwrap();
-    let _ = std::fs::remove_file(&path);
     // (opcode, destination QP) of every record.
-    let recs: Vec<(u8, u32)> = PcapSlice::new(&data)
-        .unwrap()
-        .map(|rec| {
-            let (_, payload) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
+    let recs: Vec<(u8, u32)> = captured(&path)
+        .iter()
+        .map(|(_, payload)| {
             let p = Packet::parse(payload).unwrap();
             (p.bth.opcode.0, p.bth.dest_qpn)
         })
@@ -797,26 +800,12 @@ fn held_ack_goes_out_when_the_receiver_stops_calling_in() {
 /// capture shows each ACK before the answer it preceded.
 #[test]
 fn capture_shows_the_order_packets_left_in() {
-    use softrdma::verbs::ContextOptions;
-    use softrdma::wire::{ethernet, pcap::PcapSlice, Packet};
-    let pb = std::env::temp_dir().join(format!(
-        "softrdma-verbs-e2e-order-{}.pcap",
-        std::process::id()
-    ));
-    let dev = softrdma::devices()
-        .unwrap()
-        .into_iter()
-        .find(|d| d.addr().is_loopback())
-        .unwrap();
+    use softrdma::wire::Packet;
+    let pb = pcap_path("order");
     let (a_qpn, held);
     {
-        let a = End::new(dev.open().unwrap());
-        let b = End::new(
-            dev.open_with(&ContextOptions {
-                pcap: Some(pb.clone()),
-            })
-            .unwrap(),
-        );
+        let a = End::new(loopback_ctx());
+        let b = End::new(captured_ctx(&pb));
         connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
         connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
         let (ma, mb) = (a.mr(64), b.mr(64));
@@ -841,13 +830,10 @@ fn capture_shows_the_order_packets_left_in() {
         // The contexts drop here; B's flushes its file.
     }
     assert_eq!(held, 0, "a captured device held ACKs");
-    let data = std::fs::read(&pb).unwrap();
-    let _ = std::fs::remove_file(&pb);
     // B's packets to A's QP, in the capture's order: (opcode, PSN).
-    let to_a: Vec<(u8, u32)> = PcapSlice::new(&data)
-        .unwrap()
-        .map(|rec| {
-            let (_, payload) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
+    let to_a: Vec<(u8, u32)> = captured(&pb)
+        .iter()
+        .map(|(_, payload)| {
             let p = Packet::parse(payload).unwrap();
             (p.bth.opcode.0, p.bth.dest_qpn, p.bth.psn.value())
         })
@@ -868,28 +854,14 @@ fn capture_shows_the_order_packets_left_in() {
 /// and its receive completion reports the whole length.
 #[test]
 fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
-    use softrdma::verbs::ContextOptions;
-    use softrdma::wire::{ethernet, pcap::PcapSlice, Opcode, Packet};
-    let pb = std::env::temp_dir().join(format!(
-        "softrdma-verbs-e2e-split-{}.pcap",
-        std::process::id()
-    ));
-    let dev = softrdma::devices()
-        .unwrap()
-        .into_iter()
-        .find(|d| d.addr().is_loopback())
-        .unwrap();
+    use softrdma::wire::{Opcode, Packet};
+    let pb = pcap_path("split");
     let mtu = 1024; // `connect`'s path MTU
     let len = 3 * mtu + 100;
     let (b_qpn, rkey, base);
     {
-        let a = End::new(
-            dev.open_with(&ContextOptions {
-                pcap: Some(pb.clone()),
-            })
-            .unwrap(),
-        );
-        let b = End::new(dev.open().unwrap());
+        let a = End::new(captured_ctx(&pb));
+        let b = End::new(loopback_ctx());
         connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
         connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
         let (ma, mb) = (a.mr(2 * len), b.mr(2 * len));
@@ -924,14 +896,11 @@ fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
         );
         assert!(mb.lock()[len..] == data[..]);
     }
-    let data = std::fs::read(&pb).unwrap();
-    let _ = std::fs::remove_file(&pb);
     // A's packets to B's QP: (opcode, RETH va offset and length, AckReq).
     type Seen = (Opcode, Option<(u64, u32)>, bool);
-    let to_b: Vec<Seen> = PcapSlice::new(&data)
-        .unwrap()
-        .map(|rec| {
-            let (_, payload) = ethernet::split_ipv4_udp(rec.unwrap().data).unwrap();
+    let to_b: Vec<Seen> = captured(&pb)
+        .iter()
+        .map(|(_, payload)| {
             let p = Packet::parse(payload).unwrap();
             assert_eq!(p.reth.map_or(rkey, |r| r.rkey), rkey);
             (

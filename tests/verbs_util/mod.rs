@@ -26,12 +26,16 @@ pub const ALL: AccessFlags = AccessFlags(
 
 /// The loopback device (`srxe0`).
 pub fn loopback_ctx() -> Context {
-    let devs = softrdma::devices().expect("device list");
-    let dev = devs
-        .iter()
+    loopback_dev().open().expect("open the loopback device")
+}
+
+/// The loopback device, to open with options.
+pub fn loopback_dev() -> softrdma::verbs::Device {
+    softrdma::devices()
+        .expect("device list")
+        .into_iter()
         .find(|d| d.addr().is_loopback())
-        .expect("a loopback device");
-    dev.open().expect("open the loopback device")
+        .expect("a loopback device")
 }
 
 /// One side: context, PD, CQ, QP.
