@@ -155,6 +155,32 @@ pub fn connect_with_timeout(
     remote_gid: [u8; 16],
     timeout: u8,
 ) {
+    let to = (remote_qpn, remote_psn, remote_gid);
+    connect_path(qp, sgid_index, local_psn, to, timeout, Mtu::Mtu1024)
+}
+
+/// [`connect`] with path MTU `mtu`.
+pub fn connect_mtu(
+    qp: &QueuePair,
+    local_psn: u32,
+    remote_qpn: u32,
+    remote_psn: u32,
+    remote_gid: [u8; 16],
+    mtu: Mtu,
+) {
+    let to = (remote_qpn, remote_psn, remote_gid);
+    connect_path(qp, 0, local_psn, to, 14, mtu)
+}
+
+/// RESET -> INIT -> RTR -> RTS towards `(remote QPN, remote PSN, remote GID)`.
+fn connect_path(
+    qp: &QueuePair,
+    sgid_index: u8,
+    local_psn: u32,
+    (remote_qpn, remote_psn, remote_gid): (u32, u32, [u8; 16]),
+    timeout: u8,
+    mtu: Mtu,
+) {
     qp.modify(&QpAttr {
         qp_state: Some(QpState::Init),
         pkey_index: Some(0),
@@ -167,7 +193,7 @@ pub fn connect_with_timeout(
     .unwrap();
     qp.modify(&QpAttr {
         qp_state: Some(QpState::Rtr),
-        path_mtu: Some(Mtu::Mtu1024),
+        path_mtu: Some(mtu),
         dest_qp_num: Some(remote_qpn),
         rq_psn: Some(remote_psn),
         max_dest_rd_atomic: Some(16),
