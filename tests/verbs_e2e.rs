@@ -746,11 +746,12 @@ fn capture_shows_what_comes_from_a_context_sharing_the_address() {
         })
         .collect();
     let count = |op: u8, qpn: u32| recs.iter().filter(|&&r| r == (op, qpn)).count();
-    // A's three SENDs to B and its ACK of B's SEND came in; B's SEND and ACKs went out.
-    assert_eq!(count(0x04, b_qpn), 3, "{recs:?}");
-    assert_eq!(count(0x04, a_qpn), 1, "{recs:?}");
+    // A's three SENDs to B and its ACK of B's SEND came in; B's SEND and ACKs went out. (At
+    // least: on a loaded machine a late ACK can draw a probe, sent and answered again.)
+    assert!(count(0x04, b_qpn) >= 3, "{recs:?}");
+    assert!(count(0x04, a_qpn) >= 1, "{recs:?}");
     assert!(count(0x11, a_qpn) >= 1, "{recs:?}");
-    assert_eq!(count(0x11, b_qpn), 1, "{recs:?}");
+    assert!(count(0x11, b_qpn) >= 1, "{recs:?}");
 }
 
 /// A busy-polling receiver's ACK waits to go out behind its answer (the ping-pong's round trip
@@ -896,8 +897,10 @@ fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
         );
         assert!(mb.lock()[len..] == data[..]);
     }
-    // A's packets to B's QP: (opcode, RETH va offset and length, AckReq).
+    // A's packets to B's QP, each PSN's first transmission (on a loaded machine a late ACK can
+    // draw a probe, the last packet again): (opcode, RETH va offset and length, AckReq).
     type Seen = (Opcode, Option<(u64, u32)>, bool);
+    let mut psns = std::collections::HashSet::new();
     let to_b: Vec<Seen> = captured(&pb)
         .iter()
         .map(|(_, payload)| {
@@ -905,13 +908,16 @@ fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
             assert_eq!(p.reth.map_or(rkey, |r| r.rkey), rkey);
             (
                 p.bth.dest_qpn,
-                p.bth.opcode,
-                p.reth.map(|r| (r.va - base, r.dma_len)),
-                p.bth.ack_req,
+                p.bth.psn.value(),
+                (
+                    p.bth.opcode,
+                    p.reth.map(|r| (r.va - base, r.dma_len)),
+                    p.bth.ack_req,
+                ),
             )
         })
-        .filter(|&(qpn, ..)| qpn == b_qpn)
-        .map(|(_, op, reth, ack)| (op, reth, ack))
+        .filter(|&(qpn, psn, _)| qpn == b_qpn && psns.insert(psn))
+        .map(|(_, _, seen)| seen)
         .collect();
     let (m, l) = (mtu as u64, len as u32);
     let w = |off: u64, n: u32, ack| (Opcode::RC_RDMA_WRITE_ONLY, Some((off, n)), ack);
