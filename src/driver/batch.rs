@@ -387,9 +387,11 @@ impl TxBatch {
     /// the last run. Only packets to one QP share a GSO message: a message that stays whole up
     /// to the receiving socket (loopback, veth) is steered to one sharer of the address by its
     /// first packet (`driver::steer`), and QP1's packets are steered by their content, so they
-    /// never share.
+    /// never share. (A QP numbered below 2^16 other than QP1 is not softrdma's, whose numbers
+    /// carry a slot of 1 or more in their top byte, but a kernel rxe's or a NIC's: its host's
+    /// kernel receives the packets one by one whatever the sender's batching.)
     fn joins(&self, len: usize, sock: u8, to: SocketAddr, qpn: u32) -> bool {
-        if !self.gso || self.n == 0 || qpn >> 16 == 0 {
+        if !self.gso || self.n == 0 || qpn <= 1 {
             return false;
         }
         let r = &self.runs[self.n - 1];
@@ -698,5 +700,33 @@ mod tests {
         assert_eq!(b.flush(&fds).sent, 1);
         assert!(!b.only_held());
         assert_eq!(opcodes_received(&rx, 1), [Opcode::RC_ACKNOWLEDGE.0]);
+    }
+}
+
+#[cfg(test)]
+mod gso_tests {
+    use super::*;
+
+    /// Runs (GSO messages) that `qpns` make, three equal packets to each in turn.
+    fn runs_for(qpns: &[u32]) -> Vec<usize> {
+        let to = SocketAddr::from(([127, 0, 0, 1], 4791));
+        let mut b = TxBatch::new(true, Ipv4Addr::LOCALHOST);
+        for &qpn in qpns {
+            for _ in 0..3 {
+                b.next_buf()[..100].fill(0);
+                b.push(100, 0, to, qpn);
+            }
+        }
+        b.runs[..b.n].iter().map(|r| r.count).collect()
+    }
+
+    #[test]
+    fn a_qps_equal_packets_share_a_gso_message_but_qp1s_do_not() {
+        // softrdma's QPs (a slot in the top byte) and a kernel rxe's or a NIC's (below 2^16).
+        assert_eq!(runs_for(&[0x1_0011]), vec![3]);
+        assert_eq!(runs_for(&[0x11]), vec![3]);
+        // One message per QP, and QP1's packets (steered by content) each alone.
+        assert_eq!(runs_for(&[0x11, 0x12]), vec![3, 3]);
+        assert_eq!(runs_for(&[1]), vec![1, 1, 1]);
     }
 }
