@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use crate::transport::memory::{MemError, MemoryAccess};
 use crate::transport::types::*;
-use crate::wire::{AtomicEth, Bth, Opcode, Packet, Psn, Reth};
+use crate::wire::{AtomicEth, Bth, Opcode, Packet, Position, Psn, Reth};
 
 /// Unacknowledged PSNs the requester lets out before waiting for ACKs (rxe: RXE_MAX_UNACKED_PSNS).
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
@@ -409,23 +409,21 @@ impl Requester {
         let mut pkt = Packet::new(bth, &[]);
         let info = opcode.info().expect("requester opcodes are in the table");
         match e.wqe.op {
-            // RETH on the first packet of an RDMA WRITE, with the whole length (IBA 9.3.3); on
-            // every packet of a split one, with that packet's part.
-            SendOp::RdmaWrite { remote_addr, rkey } if p.split_writes && info.headers.reth => {
-                pkt.reth = Some(Reth {
-                    va: remote_addr.wrapping_add(payload_off as u64),
-                    rkey,
-                    dma_len: payload_len as u32,
-                });
-            }
+            // RETH on the packet that starts a WRITE message (IBA 9.3.3), naming the message's
+            // bytes: a First all of the WQE's, an Only those it carries (all of a one-packet
+            // WRITE, its part of a split one).
             SendOp::RdmaWrite { remote_addr, rkey }
             | SendOp::RdmaWriteWithImm {
                 remote_addr, rkey, ..
             } if info.headers.reth => {
+                let (off, dma_len) = match info.position {
+                    Position::Only => (payload_off as u64, payload_len as u32),
+                    _ => (0, e.len),
+                };
                 pkt.reth = Some(Reth {
-                    va: remote_addr,
+                    va: remote_addr.wrapping_add(off),
                     rkey,
-                    dma_len: e.len,
+                    dma_len,
                 });
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
@@ -525,7 +523,7 @@ pub(crate) fn gather(
 mod tests {
     use super::*;
     use crate::transport::sim::{send_wr, VecMemory};
-    use crate::wire::{Kind, Position};
+    use crate::wire::Kind;
 
     fn params() -> ReqParams {
         ReqParams {
