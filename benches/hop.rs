@@ -23,7 +23,7 @@ use softrdma::verbs::{MemoryRegion, WorkCompletion};
 
 #[path = "../tests/verbs_util/mod.rs"]
 mod verbs_util;
-use verbs_util::{connect, connect_mtu, loopback_ctx, rc_qp, sge, End};
+use verbs_util::{connect, connect_path, loopback_ctx, rc_qp, sge, End};
 
 const WARMUP: usize = 2_000;
 
@@ -86,8 +86,9 @@ fn softrdma_writes(iters: usize) -> f64 {
     const DEPTH: usize = 16;
     let a = End::new(loopback_ctx());
     let b = End::new(loopback_ctx());
-    connect_mtu(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid(), Mtu::Mtu4096);
-    connect_mtu(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid(), Mtu::Mtu4096);
+    let (ga, gb) = (a.ctx.gid(), b.ctx.gid());
+    connect_path(&a.qp, 0, 1, (b.qp.qp_num(), 2, gb), 14, Mtu::Mtu4096);
+    connect_path(&b.qp, 0, 2, (a.qp.qp_num(), 1, ga), 14, Mtu::Mtu4096);
     let (ma, mb) = (a.mr(LEN), b.mr(LEN));
     let op = SendOp::RdmaWrite {
         remote_addr: mb.addr(),

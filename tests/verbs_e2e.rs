@@ -679,10 +679,7 @@ fn pcap_capture_of_both_contexts() {
     use softrdma::wire::{icrc, Packet};
     let path = pcap_path("both");
     {
-        let a = End::new(captured_ctx(&path));
-        let b = End::new(captured_ctx(&path));
-        connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
-        connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
+        let (a, b) = pair_of(captured_ctx(&path), captured_ctx(&path));
         let ma = a.mr(4096);
         let mb = b.mr(4096);
         b.post_recv(1, &[sge(&mb, 0, 4096)]);
@@ -719,12 +716,9 @@ fn capture_shows_what_comes_from_a_context_sharing_the_address() {
     let path = pcap_path("sharer");
     let (a_qpn, b_qpn);
     {
-        let a = End::new(loopback_ctx());
-        let b = End::new(captured_ctx(&path));
+        let (a, b) = pair_of(loopback_ctx(), captured_ctx(&path));
         assert_eq!(a.ctx.gid(), b.ctx.gid(), "one address");
         (a_qpn, b_qpn) = (a.qp.qp_num(), b.qp.qp_num());
-        connect(&a.qp, 1, b_qpn, 2, b.ctx.gid());
-        connect(&b.qp, 2, a_qpn, 1, a.ctx.gid());
         let (ma, mb) = (a.mr(64), b.mr(64));
         for i in 0..3 {
             b.post_recv(i, &[sge(&mb, 0, 64)]);
@@ -805,10 +799,7 @@ fn capture_shows_the_order_packets_left_in() {
     let pb = pcap_path("order");
     let (a_qpn, held);
     {
-        let a = End::new(loopback_ctx());
-        let b = End::new(captured_ctx(&pb));
-        connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
-        connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
+        let (a, b) = pair_of(loopback_ctx(), captured_ctx(&pb));
         let (ma, mb) = (a.mr(64), b.mr(64));
         let wait_recv = |e: &End| loop {
             let wc = e.wait();
@@ -841,9 +832,10 @@ fn capture_shows_the_order_packets_left_in() {
         .filter(|&(_, qpn, _)| qpn == a_qpn)
         .map(|(op, _, psn)| (op, psn))
         .collect();
-    // ACK of A's SEND i (PSN 1 + i), then B's answer (PSN 2 + i): the order they were sent.
+    // ACK of A's SEND i (PSN 100 + i), then B's answer (PSN 200 + i): the order they were
+    // sent.
     let want: Vec<(u8, u32)> = (0..20u32)
-        .flat_map(|i| [(0x11, 1 + i), (0x04, 2 + i)])
+        .flat_map(|i| [(0x11, 100 + i), (0x04, 200 + i)])
         .collect();
     assert_eq!(to_a, want);
 }
@@ -861,10 +853,7 @@ fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
     let len = 3 * mtu + 100;
     let (b_qpn, rkey, base);
     {
-        let a = End::new(captured_ctx(&pb));
-        let b = End::new(loopback_ctx());
-        connect(&a.qp, 1, b.qp.qp_num(), 2, b.ctx.gid());
-        connect(&b.qp, 2, a.qp.qp_num(), 1, a.ctx.gid());
+        let (a, b) = pair_of(captured_ctx(&pb), loopback_ctx());
         let (ma, mb) = (a.mr(2 * len), b.mr(2 * len));
         let data = pattern(len, 4);
         ma.write(0, &data).unwrap();

@@ -159,21 +159,9 @@ pub fn connect_with_timeout(
     connect_path(qp, sgid_index, local_psn, to, timeout, Mtu::Mtu1024)
 }
 
-/// [`connect`] with path MTU `mtu`.
-pub fn connect_mtu(
-    qp: &QueuePair,
-    local_psn: u32,
-    remote_qpn: u32,
-    remote_psn: u32,
-    remote_gid: [u8; 16],
-    mtu: Mtu,
-) {
-    let to = (remote_qpn, remote_psn, remote_gid);
-    connect_path(qp, 0, local_psn, to, 14, mtu)
-}
-
-/// RESET -> INIT -> RTR -> RTS towards `(remote QPN, remote PSN, remote GID)`.
-fn connect_path(
+/// RESET -> INIT -> RTR -> RTS towards `(remote QPN, remote PSN, remote GID)`, sent from GID
+/// `sgid_index`, with local ACK timeout `timeout` and path MTU `mtu`.
+pub fn connect_path(
     qp: &QueuePair,
     sgid_index: u8,
     local_psn: u32,
@@ -220,10 +208,14 @@ fn connect_path(
     .unwrap();
 }
 
-/// Two endpoints in this process (127.0.0.x each) with connected QPs.
+/// Two endpoints in this process with connected QPs.
 pub fn pair() -> (End, End) {
-    let a = End::new(loopback_ctx());
-    let b = End::new(loopback_ctx());
+    pair_of(loopback_ctx(), loopback_ctx())
+}
+
+/// Endpoints on `a` and `b` with connected QPs (A's PSNs start at 100, B's at 200).
+pub fn pair_of(a: Context, b: Context) -> (End, End) {
+    let (a, b) = (End::new(a), End::new(b));
     connect(&a.qp, 100, b.qp.qp_num(), 200, b.ctx.gid());
     connect(&b.qp, 200, a.qp.qp_num(), 100, a.ctx.gid());
     (a, b)
