@@ -49,6 +49,19 @@ fn fail_then_flush(s: &mut Sim, bad: SendWqe, lmr: &MemRegion, rmr: &MemRegion) 
     s.ends[0].take(CqSide::Send)
 }
 
+/// What [`fail_then_flush`] returned: the failing WR completed with `status`, the two behind
+/// it flushed.
+fn assert_failed_then_flushed(sc: &[Completion], status: WcStatus) {
+    assert_eq!(
+        statuses(sc),
+        vec![
+            (1, status),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+}
+
 fn setup(o: ConnectOpts, remote_access: AccessFlags) -> (Sim, MemRegion, MemRegion) {
     let s = sim(o);
     let lmr = s.ends[0].mem.register(8192, ALL);
@@ -77,14 +90,7 @@ fn bad_rkey_is_remote_access_error_and_nothing_changes() {
         vec![lmr.sge(0, 3000)],
     );
     let sc = fail_then_flush(&mut s, bad, &lmr, &rmr);
-    assert_eq!(
-        statuses(&sc),
-        vec![
-            (1, WcStatus::RemAccessErr),
-            (2, WcStatus::WrFlushErr),
-            (3, WcStatus::WrFlushErr)
-        ]
-    );
+    assert_failed_then_flushed(&sc, WcStatus::RemAccessErr);
     assert_eq!(sc[0].opcode, WcOpcode::RdmaWrite);
     assert_eq!(s.ends[0].qp.state(), QpState::Err);
     assert_eq!(s.ends[1].qp.state(), QpState::Err);
@@ -215,14 +221,7 @@ fn misaligned_atomic_is_invalid_request() {
         vec![lmr.sge(0, 8)],
     );
     let sc = fail_then_flush(&mut s, bad, &lmr, &rmr);
-    assert_eq!(
-        statuses(&sc),
-        vec![
-            (1, WcStatus::RemInvReqErr),
-            (2, WcStatus::WrFlushErr),
-            (3, WcStatus::WrFlushErr)
-        ]
-    );
+    assert_failed_then_flushed(&sc, WcStatus::RemInvReqErr);
     remote_unchanged(&s, &rmr);
 }
 
@@ -241,14 +240,7 @@ fn bad_lkey_is_local_protection_error() {
         }],
     );
     let sc = fail_then_flush(&mut s, bad, &lmr, &rmr);
-    assert_eq!(
-        statuses(&sc),
-        vec![
-            (1, WcStatus::LocProtErr),
-            (2, WcStatus::WrFlushErr),
-            (3, WcStatus::WrFlushErr)
-        ]
-    );
+    assert_failed_then_flushed(&sc, WcStatus::LocProtErr);
     assert_eq!(s.ends[0].qp.state(), QpState::Err);
     // Nothing was sent, so the peer is untouched.
     assert_eq!(s.ends[1].qp.state(), QpState::Rts);
@@ -620,14 +612,7 @@ fn split_write_refused_part_way() {
         vec![lmr.sge(0, 3072)],
     );
     let sc = fail_then_flush(&mut s, bad, &lmr, &rmr);
-    assert_eq!(
-        statuses(&sc),
-        vec![
-            (1, WcStatus::RemAccessErr),
-            (2, WcStatus::WrFlushErr),
-            (3, WcStatus::WrFlushErr)
-        ]
-    );
+    assert_failed_then_flushed(&sc, WcStatus::RemAccessErr);
     assert_eq!(s.ends[0].qp.state(), QpState::Err);
     assert_eq!(s.ends[1].qp.state(), QpState::Err);
     assert_eq!(s.ends[1].mem.read(rmr.addr, 2048), data[..2048]);
