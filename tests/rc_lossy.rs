@@ -3,6 +3,7 @@
 
 use softrdma::transport::sim::*;
 use softrdma::transport::*;
+use softrdma::wire::Opcode;
 
 const ALL: AccessFlags = AccessFlags(0xf);
 const SLOT: u64 = 6000;
@@ -45,15 +46,15 @@ fn run_with(seed: u64, cfg: LinkConfig, n: usize, mtu: Mtu, bidir: bool, split: 
         qp.set_split_writes(split);
         qp
     });
-    // Opcodes sent: WRITE Last (0x08, only a WRITE without immediate ends with it) and WRITE
-    // Only (0x0a), to check which way the WRITEs went.
+    // Opcodes sent: WRITE Last (only a WRITE without immediate ends with it) and WRITE Only, to
+    // check which way the WRITEs went.
     let opcodes = std::rc::Rc::new(std::cell::Cell::new([0u32; 2]));
     let seen = opcodes.clone();
     s.link.filter = Some(Box::new(move |_, b| {
         let mut c = seen.get();
         match b[0] {
-            0x08 => c[0] += 1,
-            0x0a => c[1] += 1,
+            op if op == Opcode::RC_RDMA_WRITE_LAST.0 => c[0] += 1,
+            op if op == Opcode::RC_RDMA_WRITE_ONLY.0 => c[1] += 1,
             _ => {}
         }
         seen.set(c);

@@ -367,8 +367,9 @@ impl TxBatch {
         true
     }
 
-    /// Whether packets to one QP go out as UDP GSO messages (else one by one).
-    pub fn segments(&self) -> bool {
+    /// Whether packets to one QP go out as UDP GSO messages (else one by one; this turns off
+    /// if the kernel refuses a GSO message).
+    pub fn gso(&self) -> bool {
         self.gso
     }
 

@@ -120,7 +120,7 @@ impl Engine {
     /// of one length: its RC QPs then send a WRITE as a message per packet
     /// (`RcQp::set_split_writes`).
     pub fn batches_equal_lengths(&self) -> bool {
-        self.tx.segments()
+        self.tx.gso()
     }
 
     /// The engine of the endpoint `io` (its addresses, slot and GSO support).
