@@ -3,7 +3,7 @@ mod verbs_util;
 
 use std::time::{Duration, Instant};
 
-use softrdma::transport::{AccessFlags, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
+use softrdma::transport::{AccessFlags, Mtu, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
 use softrdma::verbs::{AsyncEvent, RecvWr, SendWr};
 use verbs_util::*;
 
@@ -756,8 +756,9 @@ fn capture_shows_what_comes_from_a_context_sharing_the_address() {
 fn held_ack_goes_out_when_the_receiver_stops_calling_in() {
     let a = End::new(loopback_ctx());
     let b = End::new(loopback_ctx());
-    connect_with_timeout(&a.qp, 0, 1, b.qp.qp_num(), 2, b.ctx.gid(), 20);
-    connect_with_timeout(&b.qp, 0, 2, a.qp.qp_num(), 1, a.ctx.gid(), 20);
+    let (ga, gb) = (a.ctx.gid(), b.ctx.gid());
+    connect_path(&a.qp, 0, 1, (b.qp.qp_num(), 2, gb), 20, Mtu::Mtu1024);
+    connect_path(&b.qp, 0, 2, (a.qp.qp_num(), 1, ga), 20, Mtu::Mtu1024);
     let ma = a.mr(64);
     let mb = b.mr(64);
     let mut waits = Vec::new();

@@ -140,27 +140,12 @@ pub fn connect_from(
     remote_psn: u32,
     remote_gid: [u8; 16],
 ) {
-    connect_with_timeout(
-        qp, sgid_index, local_psn, remote_qpn, remote_psn, remote_gid, 14,
-    )
-}
-
-/// [`connect_from`] with the local ACK timeout `timeout` (4.096 µs x 2^timeout).
-pub fn connect_with_timeout(
-    qp: &QueuePair,
-    sgid_index: u8,
-    local_psn: u32,
-    remote_qpn: u32,
-    remote_psn: u32,
-    remote_gid: [u8; 16],
-    timeout: u8,
-) {
     let to = (remote_qpn, remote_psn, remote_gid);
-    connect_path(qp, sgid_index, local_psn, to, timeout, Mtu::Mtu1024)
+    connect_path(qp, sgid_index, local_psn, to, 14, Mtu::Mtu1024)
 }
 
 /// RESET -> INIT -> RTR -> RTS towards `(remote QPN, remote PSN, remote GID)`, sent from GID
-/// `sgid_index`, with local ACK timeout `timeout` and path MTU `mtu`.
+/// `sgid_index`, with local ACK timeout `timeout` (4.096 µs x 2^timeout) and path MTU `mtu`.
 pub fn connect_path(
     qp: &QueuePair,
     sgid_index: u8,
