@@ -5,8 +5,9 @@
 //! SOFTRDMA_PCAP=/tmp/lo.pcap cargo run --release --example loopback   # and look at the packets
 //! ```
 //!
-//! The device is opened twice: each context binds its own UDP endpoint (127.0.0.1:4791, then the
-//! next free 127.0.0.x), so the two QPs reach each other exactly as two hosts would. The example
+//! The device is opened twice: the two contexts share the loopback device's UDP endpoint
+//! (127.0.0.1:4791) as two processes would, so the two QPs reach each other exactly as two hosts'
+//! would. The example
 //! connects them (RESET→INIT→RTR→RTS with each other's QPN, PSN and GID), then does a SEND/RECV,
 //! an RDMA WRITE with immediate, an RDMA READ, a fetch-and-add and a compare-and-swap, checking
 //! every completion and every byte. It exits 0 on success and 1 on any failure.

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::batch::{RxBatch, TxBatch};
 use super::capture::Capture;
+use super::share::ConnRecord;
 use super::socket::Io;
 use super::tx::Tx;
 use super::{forward, probe};
@@ -22,7 +23,6 @@ use crate::transport::ud::NetHeader;
 use crate::wire::gid::gid_to_ip;
 use crate::wire::ipv4::IPV4_LEN;
 use crate::wire::ipv6::IPV6_LEN;
-use crate::wire::ROCE_V2_PORT;
 
 pub use crate::endpoint::Stats;
 
@@ -96,6 +96,9 @@ pub(crate) struct Engine {
     /// When [`Engine::drain_forwarded`] is next due, and its receive buffer.
     next_fwd_check: Instant,
     fwd_buf: Vec<u8>,
+    /// The established rdma_cm connections as last recorded for the address's other members
+    /// (`share::conns`).
+    recorded_conns: Vec<(u32, u32, u32, crate::cm::manager::MadAddr)>,
     /// Since when acknowledgements are held in the send batch (see [`TxBatch::hold_acks`]).
     held_at: Option<Instant>,
     /// When a busy application's round next looks at the CM's timers.
@@ -145,6 +148,7 @@ impl Engine {
             handed_spare: Vec::new(),
             next_fwd_check: Instant::now(),
             fwd_buf: Vec::new(),
+            recorded_conns: Vec::new(),
             held_at: None,
             next_cm_check: Instant::now(),
         })
@@ -330,9 +334,38 @@ impl Engine {
         });
     }
 
-    /// Deliver the CM's events (moving QPs as they say) and send its MADs.
+    /// Deliver the CM's events (moving QPs as they say) and send its MADs; record the
+    /// established connections if they changed.
     pub fn flush_gsi(&mut self, io: &Io, now: Instant) {
         self.with_tx(io, now, |ep, out| ep.transmit_gsi(&io.gids, now, out));
+        let conns = self.ep.cm_endpoint().cm.established();
+        if conns != self.recorded_conns {
+            let recs: Vec<ConnRecord> = conns
+                .iter()
+                .map(|&(local_comm_id, remote_comm_id, remote_qpn, peer)| ConnRecord {
+                    local_comm_id,
+                    remote_comm_id,
+                    remote_qpn,
+                    peer,
+                })
+                .collect();
+            io.record_conns(&recs);
+            self.recorded_conns = conns;
+        }
+    }
+
+    /// Disconnect the rdma_cm connections of dead contexts of the address in their name
+    /// (`share::conns`).
+    pub fn disconnect_orphans(&mut self, io: &Io, recs: &[ConnRecord], now: Instant) {
+        for r in recs {
+            self.ep.cm_endpoint().cm.disconnect_for_dead(
+                r.peer,
+                r.local_comm_id,
+                r.remote_comm_id,
+                r.remote_qpn,
+            );
+        }
+        self.flush_gsi(io, now);
     }
 
     /// Datagram `i` of the last receive batch (its buffer `bufs`), from socket `k` (bound to
@@ -392,17 +425,13 @@ impl Engine {
         self.handed.push((k, owner, env));
     }
 
-    /// Send the datagrams handed over to other contexts: to the owner's forward socket on the
-    /// address they came to (registry), from the socket they reached (port 4791, which the
-    /// owner checks).
+    /// Send the datagrams handed over to other contexts: to the owner's forward socket for the
+    /// address they came to (in the user's state directory).
     fn send_handed_over(&mut self, io: &Io) {
         for (k, owner, env) in self.handed.drain(..) {
             match io.forward_to_slot(k, owner) {
-                Some(to) => {
-                    self.ep.stats.tx_forwarded += 1;
-                    let _ = io.socks[k].socket.send_to(&env, to);
-                }
-                None => self.ep.stats.tx_dropped += 1,
+                Some(to) if io.send_forward(k, &env, &to) => self.ep.stats.tx_forwarded += 1,
+                _ => self.ep.stats.tx_dropped += 1,
             }
             if self.handed_spare.len() < MAX_HANDED {
                 self.handed_spare.push(env);
@@ -420,16 +449,18 @@ impl Engine {
             buf = vec![0u8; 65536];
         }
         for sock in io.socks.iter() {
-            let Some(f) = &sock.fwd else { continue };
+            let f = sock.fwd.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(f) = f.as_ref() else { continue };
             for _ in 0..RX_BURST {
-                let Ok((n, src)) = f.recv_from(&mut buf) else {
-                    break;
+                let n = match forward::recv(f, &mut buf) {
+                    forward::Received::Empty => break,
+                    // Only a process of this user hands datagrams over.
+                    forward::Received::Refused => {
+                        self.ep.stats.rx_malformed += 1;
+                        continue;
+                    }
+                    forward::Received::Envelope(n) => n,
                 };
-                // Only a context on this address (its port 4791) hands datagrams over.
-                if src.ip() != sock.local.ip() || src.port() != ROCE_V2_PORT {
-                    self.ep.stats.rx_malformed += 1;
-                    continue;
-                }
                 let env = &buf[..n];
                 if let Some((msrc, mad)) = forward::parse(env) {
                     self.ep.handle_forwarded_mad(now, sock.local, msrc, mad);
@@ -478,10 +509,11 @@ impl Engine {
                 io.forward_target(port, local.map(|g| gid_to_ip(&g)), gid_to_ip(&src.gid))
             });
         for ((k, to), src, mad) in out {
-            self.ep.stats.tx_forwarded += 1;
-            let _ = io.socks[k]
-                .socket
-                .send_to(&forward::envelope(&src, &mad), to);
+            if io.send_forward(k, &forward::envelope(&src, &mad), &to) {
+                self.ep.stats.tx_forwarded += 1;
+            } else {
+                self.ep.stats.tx_dropped += 1;
+            }
         }
     }
 }

@@ -21,13 +21,24 @@
 //!   UD GRH area shows it), then the datagram. The owner handles it as if the kernel had steered it right
 //!   and never hands it on.
 //!
-//! A forward socket takes envelopes from port 4791 of its own address only: on this host only
-//! this user's contexts hold that port (a reuseport group admits one user's sockets), and
-//! another host cannot send from the host's own address (Linux drops such a "martian" source
-//! unless `accept_local` is set). Nothing is checked again: the forwarder checked the ICRC. An
-//! envelope starts as a probe does (`ff 'S' 'R' 'P'`) but is longer than one, so the two never
-//! mix, and no RoCE packet starts with opcode 0xff.
+//! A forward socket is a unix datagram socket in the user's private state directory
+//! (`share::dir`: `<registry>.f<slot>`, bound and reached through the checked directory's
+//! descriptor), so only processes of the same user on the same host can reach it, whatever the
+//! address family; another host never can (before, it was a UDP port, and over IPv6 nothing
+//! kept an off-host sender from posing as the host's own port 4791). Each envelope also carries
+//! its sender's credentials (`SO_PASSCRED`), checked against this user. The datagram inside
+//! passes the same checks as one from the wire: its length, its ICRC over the network header
+//! it came with, and the QP's source-address check. An envelope starts as a probe does
+//! (`ff 'S' 'R' 'P'`) but is longer than one, so the two never mix, and no RoCE packet starts
+//! with opcode 0xff.
 
+use std::io::IoSliceMut;
+use std::mem::MaybeUninit;
+use std::os::unix::net::UnixDatagram;
+
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+
+use super::share::dir::StateDir;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::cm::mad::MAD_LEN;
@@ -98,6 +109,51 @@ pub(crate) fn parse_datagram(env: &[u8], v4: bool) -> Option<(SocketAddr, &[u8],
     let net = env.get(DGRAM_HEAD..DGRAM_HEAD + hlen)?;
     let data = &env[DGRAM_HEAD + hlen..];
     Some((SocketAddr::new(ip, port), net, data))
+}
+
+/// Bind the forward socket `name` in `dir`, non-blocking, with its senders' credentials on
+/// every datagram. A dead predecessor's socket of that name is removed first (the caller holds
+/// its slot). `None` if it cannot be had (hand-overs to this member are then lost, and RC
+/// retransmits what the stale steering misroutes).
+pub(crate) fn bind(dir: &StateDir, name: &str) -> Option<UnixDatagram> {
+    let path = dir.socket_path(name)?;
+    dir.remove(name);
+    let s = UnixDatagram::bind(&path).ok()?;
+    s.set_nonblocking(true).ok()?;
+    rustix::net::sockopt::set_socket_passcred(&s, true).ok()?;
+    Some(s)
+}
+
+/// What [`recv`] got.
+pub(crate) enum Received {
+    /// Nothing waits.
+    Empty,
+    /// An envelope of this many bytes from a process of this user.
+    Envelope(usize),
+    /// A datagram from another user (or without credentials): dropped.
+    Refused,
+}
+
+/// Receive one envelope from forward socket `s` into `buf`.
+pub(crate) fn recv(s: &UnixDatagram, buf: &mut [u8]) -> Received {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmCredentials(1))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [IoSliceMut::new(buf)];
+    let Ok(r) = rustix::net::recvmsg(s, &mut iov, &mut cmsg, RecvFlags::DONTWAIT) else {
+        return Received::Empty;
+    };
+    let me = rustix::process::geteuid();
+    let mut ours = false;
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmCredentials(c) = m {
+            ours = c.uid == me;
+        }
+    }
+    if ours {
+        Received::Envelope(r.bytes)
+    } else {
+        Received::Refused
+    }
 }
 
 #[cfg(test)]

@@ -7,14 +7,16 @@
 //! when a context receives traffic meant for another one.
 //!
 //! A probe is 16 bytes: `ff 'S' 'R' 'P'`, the index (u16, big-endian), two zero bytes, and a
-//! nonce (u64). The answer is `ff 'S' 'R' 'R'`, the index, the slot, a zero byte and the
-//! nonce. No RoCE packet starts with opcode 0xff, and probes are answered only when they come
-//! from the context's own address.
+//! nonce (u64). The answer is `ff 'S' 'R' 'R'`, the index, the slot, the sharing protocol the
+//! context speaks (`share::registry::PROTOCOL`; softrdma before protocol 2 sent 0 there) and
+//! the nonce. No RoCE packet starts with opcode 0xff, and probes are answered only when they
+//! come from the context's own address.
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use super::share::registry::PROTOCOL;
 use super::share::Layout;
 
 pub(crate) const PROBE_LEN: usize = 16;
@@ -40,6 +42,7 @@ pub(crate) fn answer(index: u16, slot: u8, nonce: u64) -> [u8; PROBE_LEN] {
     b[..4].copy_from_slice(&REPLY_MAGIC.to_be_bytes());
     b[4..6].copy_from_slice(&index.to_be_bytes());
     b[6] = slot;
+    b[7] = PROTOCOL;
     b[8..].copy_from_slice(&nonce.to_be_bytes());
     b
 }
@@ -56,9 +59,49 @@ fn probe(index: u16, nonce: u64) -> [u8; PROBE_LEN] {
 /// `layout` to what the kernel has. Every context's engine answers the probe that reaches it,
 /// the caller's own too (it runs on a thread of its own, see `Io::resync_share_in_background`;
 /// nothing here reads the caller's socket, where datagrams of its QPs wait). Returns false,
-/// leaving `layout` alone, unless every index answered with a slot the registry knows, each
-/// once (one silent index is taken to be the one member that did not answer).
+/// leaving `layout` alone, unless every member of the registry answered at exactly one index
+/// (one silent index is taken to be the one member that did not answer); indexes that answer
+/// with another protocol, or not at all, are strangers and left alone.
 pub(crate) fn resync(addr: SocketAddr, n: usize, layout: &mut Layout) -> io::Result<bool> {
+    let mut found: Vec<Option<u8>> = ask(addr, n)?
+        .into_iter()
+        .map(|a| a.filter(|(_, p)| *p == PROTOCOL).map(|(s, _)| s))
+        .collect();
+    // One socket silent (its context is busy leaving, say) and one member unaccounted for:
+    // that is the one.
+    let missing: Vec<usize> = (0..n).filter(|i| found[*i].is_none()).collect();
+    let unaccounted: Vec<u8> = layout
+        .members
+        .iter()
+        .map(|m| m.slot)
+        .filter(|s| !found.contains(&Some(*s)))
+        .collect();
+    if let ([i], [s]) = (&missing[..], &unaccounted[..]) {
+        found[*i] = Some(*s);
+    }
+    // Every member must be at exactly one index. Other indexes may be strangers (another
+    // softrdma version's sockets, which answer with another protocol or not at all): they
+    // are not ours to steer to.
+    if n == 0 {
+        return Ok(false);
+    }
+    let mut index_of = Vec::with_capacity(layout.members.len());
+    for m in &layout.members {
+        let at: Vec<usize> = (0..n).filter(|i| found[*i] == Some(m.slot)).collect();
+        let [i] = at[..] else {
+            return Ok(false);
+        };
+        index_of.push(i as u32);
+    }
+    for (m, i) in layout.members.iter_mut().zip(index_of) {
+        m.index = i;
+    }
+    Ok(true)
+}
+
+/// Probe every index of `addr`'s group (`n` sockets): what each answered (its slot and
+/// protocol, protocol 1 for softrdma before the field existed), or `None`.
+fn ask(addr: SocketAddr, n: usize) -> io::Result<Vec<Option<(u8, u8)>>> {
     let mut from = addr;
     from.set_port(0);
     let s = UdpSocket::bind(from)?;
@@ -66,11 +109,10 @@ pub(crate) fn resync(addr: SocketAddr, n: usize, layout: &mut Layout) -> io::Res
     let mut nonce = [0u8; 8];
     let _ = getrandom::getrandom(&mut nonce);
     let nonce = u64::from_ne_bytes(nonce);
-    let to = addr;
     for i in 0..n {
-        s.send_to(&probe(i as u16, nonce), to)?;
+        s.send_to(&probe(i as u16, nonce), addr)?;
     }
-    let mut found: Vec<Option<u8>> = vec![None; n];
+    let mut found: Vec<Option<(u8, u8)>> = vec![None; n];
     let t0 = Instant::now();
     let mut buf = [0u8; 64];
     while found.iter().any(Option::is_none) && t0.elapsed() < ANSWER_WAIT {
@@ -84,7 +126,7 @@ pub(crate) fn resync(addr: SocketAddr, n: usize, layout: &mut Layout) -> io::Res
             {
                 let i = u16::from_be_bytes([b[4], b[5]]) as usize;
                 if let Some(f) = found.get_mut(i) {
-                    *f = Some(b[6]);
+                    *f = Some((b[6], b[7].max(1)));
                 }
             }
         }
@@ -92,40 +134,13 @@ pub(crate) fn resync(addr: SocketAddr, n: usize, layout: &mut Layout) -> io::Res
             std::thread::sleep(Duration::from_micros(200));
         }
     }
-    // One socket silent (its context is busy leaving, say) and one member unaccounted for:
-    // that is the one.
-    let missing: Vec<usize> = (0..n).filter(|i| found[*i].is_none()).collect();
-    if let [i] = missing[..] {
-        let unaccounted: Vec<u8> = layout
-            .members
-            .iter()
-            .map(|m| m.slot)
-            .filter(|s| !found.contains(&Some(*s)))
-            .collect();
-        if let [s] = unaccounted[..] {
-            found[i] = Some(s);
-        }
-    }
-    let mut slots: Vec<u8> = found.iter().flatten().copied().collect();
-    if n == 0 || slots.len() != n {
-        return Ok(false);
-    }
-    slots.sort_unstable();
-    slots.dedup();
-    if slots.len() != n
-        || !slots
-            .iter()
-            .all(|s| layout.members.iter().any(|m| m.slot == *s))
-    {
-        return Ok(false);
-    }
-    layout.members.retain(|m| slots.contains(&m.slot));
-    for m in &mut layout.members {
-        if let Some(i) = found.iter().position(|f| *f == Some(m.slot)) {
-            m.index = i as u32;
-        }
-    }
-    Ok(true)
+    Ok(found)
+}
+
+/// What every index of `addr`'s group (`n` sockets) answers: slot and sharing protocol, or
+/// `None` (silent). For naming a stranger in the group.
+pub(crate) fn identify(addr: SocketAddr, n: usize) -> Vec<Option<(u8, u8)>> {
+    ask(addr, n).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -140,6 +155,7 @@ mod tests {
         let a = answer(7, 42, 9);
         assert_eq!(parse(&a), None, "an answer is no probe");
         assert_eq!((a[6], u16::from_be_bytes([a[4], a[5]])), (42, 7));
+        assert_eq!(a[7], PROTOCOL, "the answer says which protocol it speaks");
         // No RoCE packet is a probe: opcode 0xff is not an IBA opcode.
         assert!(crate::wire::Opcode(0xff).info().is_none());
     }

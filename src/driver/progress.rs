@@ -28,7 +28,11 @@ fn fill(fds: &mut Vec<libc::pollfd>, io: &Io) {
     fds.extend(
         std::iter::once(io.wake_fd())
             .chain(io.fds.iter().copied())
-            .chain(io.fwd_fds.iter().copied())
+            .chain(
+                io.socks
+                    .iter()
+                    .map(|s| s.fwd_fd.load(std::sync::atomic::Ordering::Acquire)),
+            )
             .map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -117,7 +121,15 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
         }
         if last_check.elapsed() >= SHARE_CHECK {
             last_check = Instant::now();
-            io.check_share();
+            let (orphans, resync) = io.check_share();
+            if resync != 0 {
+                io.resync_share_in_background(resync);
+            }
+            if !orphans.is_empty() {
+                if let Some(s) = shared.upgrade() {
+                    s.disconnect_orphans(&orphans);
+                }
+            }
         }
         let sleep = match shared.upgrade() {
             Some(s) => {

@@ -139,6 +139,12 @@ impl Runtime {
         }
     }
 
+    /// Disconnect the rdma_cm connections of dead contexts of the address in their name.
+    pub(crate) fn disconnect_orphans(&self, recs: &[super::share::ConnRecord]) {
+        let mut e = self.lock_engine();
+        e.disconnect_orphans(&self.io, recs, Instant::now());
+    }
+
     pub(crate) fn defer_qp_removal(&self, qpn: u32) {
         self.deferred_removals
             .lock()

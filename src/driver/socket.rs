@@ -5,11 +5,14 @@ use std::io;
 use std::mem::ManuallyDrop;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::share::{Joiner, Share};
+use super::share::{ConnRecord, Joiner, Share, ShareError};
 use crate::endpoint::gids::GidTable;
 use crate::wire::ROCE_V2_PORT;
 
@@ -23,8 +26,10 @@ pub(crate) struct Sock {
     /// up (the address is then this endpoint's alone).
     share: Option<Share>,
     /// Where other contexts on the address hand over datagrams meant for this one that the
-    /// kernel gave them (`driver::forward`): the address, an ephemeral port.
-    pub fwd: Option<UdpSocket>,
+    /// kernel gave them (`driver::forward`): a unix socket in the user's state directory
+    /// (made anew if the directory is deleted), and its fd (-1: none) for the progress thread.
+    pub fwd: Mutex<Option<UnixDatagram>>,
+    pub fwd_fd: AtomicI32,
 }
 
 pub(crate) struct Io {
@@ -32,8 +37,6 @@ pub(crate) struct Io {
     pub socks: Vec<Sock>,
     /// The sockets' fds, in the same order (for batched sends).
     pub fds: Vec<RawFd>,
-    /// The forward sockets' fds (see [`Sock::fwd`]), for the progress thread to wait on.
-    pub fwd_fds: Vec<RawFd>,
     /// The GID table: which local address (socket) each GID index is.
     pub gids: GidTable,
     /// Every socket takes `UDP_SEGMENT`: runs of packets go out as GSO messages.
@@ -62,52 +65,37 @@ const UDP_NO_CHECK6_RX: libc::c_int = 102;
 
 /// A bound socket, its address, its place in the address's group (if shared) and its forward
 /// socket.
-type Bound = (Socket, SocketAddr, Option<Share>, Option<UdpSocket>);
+type Bound = (Socket, SocketAddr, Option<Share>, Option<UnixDatagram>);
 
 /// A socket to bind, before binding.
 struct Pending {
     socket: Socket,
     at: SocketAddr,
-    /// `None`: no registry (an unwritable temporary directory, say): bind alone.
+    /// `None`: no registry (no state directory can be made: a read-only file system, say):
+    /// bind alone.
     reg: Option<std::fs::File>,
     required: bool,
-    /// The forward socket of a shared address.
-    fwd: Option<UdpSocket>,
 }
 
 impl Io {
     /// Bind UDP 4791 on the IPv4 address `v4` and on each IPv6 address of `v6`, each shared
     /// with every other context of this user on that address (see [`super::share`]), all with
-    /// one slot. When `v4` is held by something that does not share (kernel rdma_rxe, another
-    /// user), a loopback address that is not `pinned` moves to the next free 127.0.0.x;
-    /// otherwise the error is `AddrInUse`. An IPv6 address that cannot be bound (held, or still
-    /// tentative) is left out, unless the endpoint is `pinned` or has no other address.
+    /// one slot. When `v4` is held by something that does not share (another user, kernel
+    /// rdma_rxe, a program of its own), the error is [`ShareError::PortHeld`], naming it: the
+    /// endpoint never moves to another address, which its peers would not know. An IPv6 address
+    /// that cannot be bound (held, or still tentative) is left out, unless the endpoint is
+    /// `pinned` or has no other address.
     pub fn bind(v4: Option<Ipv4Addr>, v6: &[SocketAddrV6], pinned: bool) -> io::Result<Io> {
-        let mut candidates = vec![v4];
-        if let Some(a) = v4.filter(|a| a.is_loopback() && !pinned) {
-            candidates.extend(
-                (1..=254u8)
-                    .map(|i| Some(Ipv4Addr::new(127, 0, 0, i)))
-                    .filter(|c| *c != Some(a)),
-            );
+        let mut want: Vec<(SocketAddr, bool)> = Vec::new();
+        if let Some(a) = v4 {
+            want.push((SocketAddrV4::new(a, ROCE_V2_PORT).into(), true));
         }
-        let mut last = None;
-        for c in candidates {
-            let mut want: Vec<(SocketAddr, bool)> = Vec::new();
-            if let Some(a) = c {
-                want.push((SocketAddrV4::new(a, ROCE_V2_PORT).into(), true));
-            }
-            for a in v6 {
-                let at = SocketAddrV6::new(*a.ip(), ROCE_V2_PORT, 0, a.scope_id());
-                want.push((at.into(), pinned));
-            }
-            match Self::bind_all(&want) {
-                Ok((socks, slot)) => return Self::finish(socks, slot),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse && c.is_some() => last = Some(e),
-                Err(e) => return Err(e),
-            }
+        for a in v6 {
+            let at = SocketAddrV6::new(*a.ip(), ROCE_V2_PORT, 0, a.scope_id());
+            want.push((at.into(), pinned));
         }
-        Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
+        let (socks, slot) = Self::bind_all(&want)?;
+        Self::finish(socks, slot)
     }
 
     /// Bind every address of `want` (`(address, required)`), shared where a registry can be
@@ -115,16 +103,22 @@ impl Io {
     fn bind_all(want: &[(SocketAddr, bool)]) -> io::Result<(Vec<Bound>, u8)> {
         let mut pending = Vec::new();
         for &(at, required) in want {
-            let reg = Share::open_registry(at).ok();
+            let reg = match Share::open_registry(at) {
+                Ok(r) => Some(r),
+                // A state directory another user could have planted is never used, nor is
+                // the address then bound alone: say so.
+                Err(e) => match ShareError::take(e) {
+                    Ok(se) => return Err(se.into()),
+                    Err(_) => None,
+                },
+            };
             let socket = new_socket(at, reg.as_ref().map(|r| r.as_raw_fd()))?;
             let shared = reg.is_some() && socket.set_reuse_port(true).is_ok();
-            let fwd = if shared { forward_socket(at) } else { None };
             pending.push(Pending {
                 socket,
                 at,
                 reg: if shared { reg } else { None },
                 required,
-                fwd,
             });
         }
         // Every shared address is joined at once, with one slot.
@@ -138,13 +132,8 @@ impl Io {
                     addr: at,
                     reg: reg?,
                     sock_fd: s.as_raw_fd(),
-                    bind: Box::new(move || s.bind(&at.into())),
+                    bind: Box::new(move || bind_port(s, at)),
                     required: p.required,
-                    fwd: p
-                        .fwd
-                        .as_ref()
-                        .and_then(|f| f.local_addr().ok())
-                        .map_or(0, |a| a.port()),
                 })
             })
             .collect();
@@ -152,7 +141,7 @@ impl Io {
         let mut joined = Share::join_many(joiners)?;
         let slot = joined
             .iter()
-            .find_map(|r| r.as_ref().ok().map(|s| s.slot))
+            .find_map(|r| r.as_ref().ok().map(|(s, _)| s.slot()))
             .unwrap_or(1);
         let mut out = Vec::new();
         let mut first_err = None;
@@ -161,13 +150,11 @@ impl Io {
                 Some(k) => {
                     std::mem::replace(&mut joined[k], Err(io::Error::other("taken"))).map(Some)
                 }
-                None => p.socket.bind(&p.at.into()).map(|_| None),
+                None => bind_port(&p.socket, p.at).map(|_| None),
             };
             match r {
-                Ok(share) => {
-                    let fwd = p.fwd.filter(|_| share.is_some());
-                    out.push((p.socket, p.at, share, fwd))
-                }
+                Ok(Some((share, fwd))) => out.push((p.socket, p.at, Some(share), fwd)),
+                Ok(None) => out.push((p.socket, p.at, None, None)),
                 Err(e) if p.required => return Err(e),
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -187,12 +174,34 @@ impl Io {
         self.slot
     }
 
-    /// Drop dead sharers from the steering (the progress thread calls this now and then).
-    pub fn check_share(&self) {
-        for s in &self.socks {
-            if let Some(share) = &s.share {
-                share.check(s.socket.as_raw_fd());
+    /// Check every share (the progress thread calls this every 100 ms): dead sharers leave
+    /// the steering, damage is repaired, a lost forward socket is replaced. Returns the
+    /// connections of dead sharers to disconnect in their name, and whether a resync is due
+    /// (bit `k`: socket `k`).
+    pub fn check_share(&self) -> (Vec<ConnRecord>, u32) {
+        let mut orphans = Vec::new();
+        let mut resync = 0;
+        for (k, s) in self.socks.iter().enumerate() {
+            let Some(share) = &s.share else { continue };
+            let out = share.check();
+            orphans.extend(out.orphans);
+            if out.resync {
+                resync |= 1 << k.min(31);
             }
+            if let Some(f) = out.new_forward {
+                let mut g = s.fwd.lock().unwrap_or_else(|p| p.into_inner());
+                s.fwd_fd.store(f.as_raw_fd(), Ordering::Release);
+                *g = Some(f);
+            }
+        }
+        (orphans, resync)
+    }
+
+    /// Record the context's established rdma_cm connections (see `share::conns`) with the
+    /// share of its first address.
+    pub fn record_conns(&self, recs: &[ConnRecord]) {
+        if let Some(share) = self.socks.first().and_then(|s| s.share.as_ref()) {
+            share.record_conns(recs);
         }
     }
 
@@ -227,7 +236,7 @@ impl Io {
         drop(last);
         for (k, s) in self.socks.iter().enumerate() {
             if let (Some(share), true) = (&s.share, mask & (1 << k.min(31)) != 0) {
-                share.resync(s.socket.as_raw_fd());
+                share.resync();
             }
         }
     }
@@ -244,11 +253,11 @@ impl Io {
         let socks: Vec<&Sock> = self.socks.iter().filter(|s| covers(s.local.ip())).collect();
         for (k, s) in socks.iter().enumerate() {
             let Some(share) = &s.share else { continue };
-            if let Err(e) = share.set_port(s.socket.as_raw_fd(), port, listening) {
+            if let Err(e) = share.set_port(port, listening) {
                 if listening {
                     for s in &socks[..k] {
                         if let Some(share) = &s.share {
-                            let _ = share.set_port(s.socket.as_raw_fd(), port, false);
+                            let _ = share.set_port(port, false);
                         }
                     }
                     return Err(e);
@@ -266,7 +275,7 @@ impl Io {
         port: u16,
         local: Option<IpAddr>,
         peer: IpAddr,
-    ) -> Option<(usize, SocketAddr)> {
+    ) -> Option<(usize, PathBuf)> {
         let k = match local {
             Some(ip) => self.socks.iter().position(|s| s.local.ip() == ip)?,
             None => self
@@ -280,12 +289,21 @@ impl Io {
 
     /// Where to hand a datagram for the context with `slot` that reached socket `k`: that
     /// context's forward socket on the same address.
-    pub fn forward_to_slot(&self, k: usize, slot: u8) -> Option<SocketAddr> {
-        let s = self.socks.get(k)?;
-        let port = s.share.as_ref()?.fwd_port_of(slot)?;
-        let mut a = s.local;
-        a.set_port(port);
-        Some(a)
+    pub fn forward_to_slot(&self, k: usize, slot: u8) -> Option<PathBuf> {
+        self.socks.get(k)?.share.as_ref()?.forward_path(slot)
+    }
+
+    /// Send envelope `env` to the forward socket at `to` (from socket `k`'s own forward
+    /// socket); false if it could not go.
+    pub fn send_forward(&self, k: usize, env: &[u8], to: &PathBuf) -> bool {
+        let Some(s) = self.socks.get(k) else {
+            return false;
+        };
+        let g = s.fwd.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref() {
+            Some(f) => f.send_to(env, to).is_ok(),
+            None => UnixDatagram::unbound().is_ok_and(|u| u.send_to(env, to).is_ok()),
+        }
     }
 
     fn finish(bound: Vec<Bound>, slot: u8) -> io::Result<Io> {
@@ -299,7 +317,8 @@ impl Io {
                 socket: ManuallyDrop::new(s.into()),
                 local,
                 share,
-                fwd,
+                fwd_fd: AtomicI32::new(fwd.as_ref().map_or(-1, |f| f.as_raw_fd())),
+                fwd: Mutex::new(fwd),
             });
         }
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
@@ -312,10 +331,6 @@ impl Io {
         let locals: Vec<SocketAddr> = socks.iter().map(|s| s.local).collect();
         Ok(Io {
             fds: socks.iter().map(|s| s.socket.as_raw_fd()).collect(),
-            fwd_fds: socks
-                .iter()
-                .filter_map(|s| s.fwd.as_ref().map(|f| f.as_raw_fd()))
-                .collect(),
             gids: GidTable::new(&locals),
             socks,
             gso,
@@ -408,14 +423,17 @@ fn setup(s: &Socket, local: SocketAddr) -> io::Result<()> {
     }
 }
 
-/// The forward socket of the shared address `at`: the same address, an ephemeral port,
-/// non-blocking. `None` if it cannot be had (the address is then shared without it).
-fn forward_socket(at: SocketAddr) -> Option<UdpSocket> {
-    let mut a = at;
-    a.set_port(0);
-    let s = UdpSocket::bind(a).ok()?;
-    s.set_nonblocking(true).ok()?;
-    Some(s)
+/// Bind `s` to `at` (port 4791). Held by something that does not share it: the error names
+/// who ([`ShareError::PortHeld`]).
+fn bind_port(s: &Socket, at: SocketAddr) -> io::Result<()> {
+    match s.bind(&at.into()) {
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(ShareError::PortHeld {
+            addr: at.ip(),
+            holder: super::share::kernel::describe_holder(at.ip()),
+        }
+        .into()),
+        r => r,
+    }
 }
 
 /// A UDP socket for `at`, its fd above `above` when given (see [`Share::open_registry`]).
@@ -447,10 +465,7 @@ impl Drop for Io {
             // SAFETY: `socket` is taken exactly once, here, and not used afterwards.
             let socket = unsafe { ManuallyDrop::take(&mut s.socket) };
             match s.share.take() {
-                Some(share) => {
-                    let fd = socket.as_raw_fd();
-                    share.leave(fd, move || drop(socket));
-                }
+                Some(share) => share.leave(move || drop(socket)),
                 None => drop(socket),
             }
         }

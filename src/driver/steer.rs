@@ -152,13 +152,15 @@ mod tests {
                     slot: 3,
                     index: 1,
                     ports: vec![7174],
-                    fwd: 0,
+                    pid: 1,
+                    inode: 0,
                 },
                 Member {
                     slot: 9,
                     index: 0,
                     ports: vec![18515, 4000],
-                    fwd: 0,
+                    pid: 1,
+                    inode: 0,
                 },
             ],
         }
@@ -231,7 +233,8 @@ mod tests {
                     slot: s,
                     index: s as u32 - 1,
                     ports: vec![s as u16 + 1000, s as u16 + 2000],
-                    fwd: 0,
+                    pid: 1,
+                    inode: 0,
                 })
                 .collect(),
         };

@@ -125,6 +125,17 @@ impl Endpoint {
         mrs: &MrTable,
     ) {
         self.stats.rx_forwarded += 1;
+        // The same checks as a datagram from the wire: its length, and its ICRC over the
+        // network header it arrived with (the one the forwarder rebuilt, whose source and
+        // destination must be the datagram's).
+        if !possible_len(data.len()) {
+            self.stats.rx_bad_length += 1;
+            return;
+        }
+        if !handed_over_icrc_ok(local, from, net.as_ref(), data) {
+            self.stats.rx_bad_icrc += 1;
+            return;
+        }
         // One that is not ours either is dropped (it is never handed on again).
         let _ = self.dispatch(now, local, from, net, data, mrs);
     }
@@ -247,6 +258,36 @@ fn from_peer(dest: Option<AddressVector>, src: IpAddr) -> bool {
 /// The IPv6 and UDP headers of a datagram received from `src`:`src_port` on `local`, `len`
 /// bytes of UDP payload, with the traffic class, flow label and hop limit the kernel reported
 /// (the ICRC masks those three, and the UDP checksum, which the socket hides: 0 here).
+/// Whether a handed-over datagram's ICRC matches the network header it came with, and that
+/// header names its source and the local address.
+fn handed_over_icrc_ok(
+    local: SocketAddr,
+    from: SocketAddr,
+    net: Option<&NetHeader>,
+    data: &[u8],
+) -> bool {
+    match (net, from, local) {
+        (Some(NetHeader::V4(ip)), SocketAddr::V4(f), SocketAddr::V4(l)) => {
+            let mut hdr = [0u8; IPV4_LEN + UDP_LEN];
+            Ipv4Udp::new(*f.ip(), f.port(), *l.ip(), ROCE_V2_PORT, data.len()).emit(&mut hdr);
+            if ip[12..16] != hdr[12..16] || ip[16..20] != hdr[16..20] {
+                return false;
+            }
+            hdr[..IPV4_LEN].copy_from_slice(ip);
+            icrc::verify_v4(&hdr, data).is_ok()
+        }
+        (Some(NetHeader::V6(ip)), SocketAddr::V6(f), SocketAddr::V6(l)) => {
+            let mut hdr = v6_header(*f.ip(), f.port(), *l.ip(), data.len(), RxInfo::default());
+            if ip[8..24] != hdr[8..24] || ip[24..40] != hdr[24..40] {
+                return false;
+            }
+            hdr[..IPV6_LEN].copy_from_slice(ip);
+            icrc::verify_v6(&hdr, data).is_ok()
+        }
+        _ => false,
+    }
+}
+
 fn v6_header(
     src: std::net::Ipv6Addr,
     src_port: u16,

@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 
 use super::error::{CmaError, Result};
 use crate::cm::service_id::PortSpace;
-use crate::verbs::{devices, Context, Device, VerbsError};
+use crate::verbs::{devices, Context, Device};
 
 /// First and last ephemeral port (Linux `ip_local_port_range` defaults).
 const EPHEMERAL: (u16, u16) = (32768, 60999);
@@ -129,12 +129,8 @@ pub(crate) fn context_for_local(a: IpAddr) -> Result<Context> {
         .find(|d| d.addr().is_loopback())
         .filter(|_| a.is_loopback())
         .ok_or(CmaError::AddrNotAvailable(a.into()))?;
-    let c = match lo.at(a).open() {
-        Ok(c) => c,
-        // Taken by another process.
-        Err(VerbsError::AddrInUse(_)) => return Err(CmaError::AddrInUse),
-        Err(e) => return Err(e.into()),
-    };
+    // Taken by another user or program: the error says who (EADDRINUSE).
+    let c = lo.at(a).open()?;
     registry().extra.push(c.clone());
     at_exit_disconnect();
     Ok(c)

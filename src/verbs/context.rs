@@ -63,18 +63,7 @@ impl Context {
             .iter()
             .map(|a| SocketAddrV6::new(a.ip, 0, 0, a.scope))
             .collect();
-        let io = Io::bind(device.ipv4(), &v6, device.pinned()).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AddrInUse {
-                let ip = match (device.ipv4(), device.v6().first()) {
-                    (Some(a), _) => IpAddr::V4(a),
-                    (None, Some(a)) => IpAddr::V6(a.ip),
-                    (None, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                };
-                VerbsError::AddrInUse(ip)
-            } else {
-                e.into()
-            }
-        })?;
+        let io = Io::bind(device.ipv4(), &v6, device.pinned()).map_err(VerbsError::from_io)?;
         let io = Arc::new(io);
         let addr = io.local_v4().unwrap_or(Ipv4Addr::UNSPECIFIED);
         let pcap = opts

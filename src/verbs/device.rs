@@ -36,8 +36,7 @@ pub struct Device {
     v6: Vec<V6Addr>,
     if_mtu: u32,
     /// Bind exactly these addresses (`SOFTRDMA_ADDR`, or an rdma_cm bind to one 127.x address):
-    /// when one is taken, opening fails instead of moving to the next free loopback address or
-    /// going on without it.
+    /// when an IPv6 one is taken, opening fails instead of going on without it.
     pinned: bool,
 }
 
@@ -130,9 +129,8 @@ impl Device {
     pub fn ifname(&self) -> &str {
         &self.ifname
     }
-    /// The IPv4 address the device binds (on loopback, the first free 127.x address is used,
-    /// unless the address is pinned); `0.0.0.0` for a device without one (an interface with
-    /// only IPv6 addresses). See [`Device::ipv4`] and [`Device::ipv6_addrs`].
+    /// The IPv4 address the device binds; `0.0.0.0` for a device without one (an interface
+    /// with only IPv6 addresses). See [`Device::ipv4`] and [`Device::ipv6_addrs`].
     pub fn addr(&self) -> Ipv4Addr {
         self.v4.unwrap_or(Ipv4Addr::UNSPECIFIED)
     }
@@ -159,8 +157,7 @@ impl Device {
     }
     /// Node GUID derived from the address, as rxe derives it from the MAC (an EUI-64 with the
     /// IPv4 address, or the last four bytes of the first IPv6 address, in place of the MAC's
-    /// low bytes). A context opened on a busy loopback address derives its GUID from the
-    /// address it got instead ([`Context::node_guid`]).
+    /// low bytes).
     pub fn guid(&self) -> u64 {
         guid_of(self.v4, self.v6.first().map(|a| a.ip))
     }
@@ -176,9 +173,14 @@ impl Device {
             .find(|m| m.bytes() <= usable)
             .unwrap_or(Mtu::Mtu256)
     }
-    /// `ibv_open_device`: bind the endpoint (UDP 4791 on the IPv4 address — on loopback, if
-    /// that is taken, the next free 127.0.0.x, unless the device is [pinned](Device::pinned) —
-    /// and on each IPv6 address) and start its progress thread.
+    /// `ibv_open_device`: bind the endpoint (UDP 4791 on the IPv4 address and on each IPv6
+    /// address, shared with this user's other processes) and start its progress thread.
+    ///
+    /// # Errors
+    /// [`VerbsError::AddrInUse`] when port 4791 of the address is held by another user, kernel
+    /// rdma_rxe or a program that does not share it (the error names it; the device is never
+    /// moved to another address), [`VerbsError::Share`] when the address cannot be shared
+    /// safely (an unsafe state directory, another softrdma version on it).
     pub fn open(&self) -> Result<Context> {
         Context::open(self.clone(), &ContextOptions::default())
     }

@@ -13,11 +13,23 @@ pub enum VerbsError {
     NoResources(&'static str),
     #[error("no such device or address: {0}")]
     NotFound(String),
-    /// A pinned device's address (`SOFTRDMA_ADDR`) is held by another endpoint.
+    /// UDP port 4791 of the device's address is held by something softrdma cannot share it
+    /// with: another user, kernel rdma_rxe, a program of its own (`holder` says which). The
+    /// device is never moved to another address.
     #[error(
-        "UDP port 4791 of {0} is in use by another RoCE endpoint (kernel rdma_rxe or another softrdma process)"
+        "UDP port 4791 of {addr} is held by {holder}. RoCEv2 peers send to port 4791, and \
+         softrdma shares it only among one user's processes: stop that program, open another \
+         device, or have the administrator reserve port 4791 for softrdma (`softrdma holder`, \
+         docs/security.md)"
     )]
-    AddrInUse(std::net::IpAddr),
+    AddrInUse {
+        addr: std::net::IpAddr,
+        holder: String,
+    },
+    /// The device's address could not be shared with this user's other processes (an unsafe
+    /// state directory, another softrdma version on the address, a stuck registry).
+    #[error(transparent)]
+    Share(crate::driver::share::ShareError),
     #[error("operation would block")]
     WouldBlock,
     #[error("completion queue overrun: more completions than its capacity")]
@@ -44,7 +56,8 @@ impl VerbsError {
             VerbsError::Busy(_) => libc::EBUSY,
             VerbsError::NoResources(_) => libc::ENOMEM,
             VerbsError::NotFound(_) => libc::ENODEV,
-            VerbsError::AddrInUse(_) => libc::EADDRINUSE,
+            VerbsError::AddrInUse { .. } => libc::EADDRINUSE,
+            VerbsError::Share(e) => e.errno(),
             VerbsError::WouldBlock => libc::EAGAIN,
             VerbsError::CqOverrun => libc::EOVERFLOW,
             VerbsError::Post { error, .. } => match error {
@@ -61,6 +74,26 @@ impl VerbsError {
         match self {
             VerbsError::Post { index, .. } | VerbsError::PostInline { index, .. } => Some(*index),
             _ => None,
+        }
+    }
+}
+
+impl From<crate::driver::share::ShareError> for VerbsError {
+    fn from(e: crate::driver::share::ShareError) -> Self {
+        use crate::driver::share::ShareError as S;
+        match e {
+            S::PortHeld { addr, holder } => VerbsError::AddrInUse { addr, holder },
+            e => VerbsError::Share(e),
+        }
+    }
+}
+
+impl VerbsError {
+    /// An I/O error from the driver, with the sharing error it may carry taken out.
+    pub(crate) fn from_io(e: std::io::Error) -> Self {
+        match crate::driver::share::ShareError::take(e) {
+            Ok(s) => s.into(),
+            Err(e) => VerbsError::Io(e),
         }
     }
 }

@@ -30,6 +30,7 @@ pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{
     devices, gid_from_ipv4, ipv4_from_gid, AtomicCap, Device, DeviceAttr, PortAttr, PortState,
 };
+pub use crate::driver::share::ShareError;
 pub use error::{Result, VerbsError};
 pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;

@@ -1,6 +1,5 @@
-//! For the rdma_cm tests: the address of this process's loopback endpoint. It is 127.0.0.1
-//! unless another process holds that address's RoCE port, in which case the endpoint took the
-//! next free 127.0.0.x; tests connect to wherever it is.
+//! For the rdma_cm tests: the address of this process's loopback endpoint (127.0.0.1, shared
+//! with this user's other processes).
 #![allow(dead_code)]
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

@@ -19,6 +19,41 @@ impl CmManager {
             .count()
     }
 
+    /// The established connections: (local comm ID, remote comm ID, remote QPN, peer), in comm
+    /// ID order. A context sharing its address records them, so that a survivor can
+    /// disconnect them in its name if it dies (`driver::share::conns`).
+    pub fn established(&self) -> Vec<(u32, u32, u32, MadAddr)> {
+        let mut v: Vec<(u32, u32, u32, MadAddr)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == ConnState::Established)
+            .map(|(&id, c)| (id, c.remote_comm_id, c.remote_qpn, c.peer))
+            .collect();
+        v.sort_unstable_by_key(|c| c.0);
+        v
+    }
+
+    /// Send a DREQ for a connection of another context on this address that died without
+    /// tearing it down (its comm ID `local_comm_id`, the peer's `remote_comm_id` and
+    /// `remote_qpn`), as Linux does when a process's rdma_cm file closes. Nothing is kept: the
+    /// peer's DREP goes to the dead context's comm ID, which nobody owns.
+    pub fn disconnect_for_dead(
+        &mut self,
+        peer: MadAddr,
+        local_comm_id: u32,
+        remote_comm_id: u32,
+        remote_qpn: u32,
+    ) {
+        let m = DisconnectRequest {
+            hdr: MadHdr::cm(attr::DREQ, linux_tid(self.cfg.hi_tid, local_comm_id)),
+            local_comm_id,
+            remote_comm_id,
+            remote_qpn_eecn: remote_qpn,
+            ..Default::default()
+        };
+        self.send(peer, emit(|b| m.emit(b)));
+    }
+
     /// rdma_disconnect: in ESTABLISHED send a DREQ (up to 220 bytes of private data); after a
     /// DREQ was received, send the DREP (up to 224 bytes) and enter timewait.
     pub fn disconnect(

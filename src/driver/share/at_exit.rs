@@ -1,15 +1,14 @@
 //! Leaving at normal process exit, for contexts nobody drops (held in statics): an `atexit`
 //! handler does for every live share of the process what [`super::Share::leave`] would.
 
-use std::os::fd::RawFd;
-use std::path::PathBuf;
-use std::sync::{Mutex, Once};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Once};
 
-use super::{attach, prune, read_layout, write_layout};
+use super::{attach, guard, kernel_inodes, prune, read_layout, write_layout, Inner};
 
 struct Live {
-    /// (registry lock fd, socket fd, slot, registry file) of each share of this process.
-    shares: Vec<(RawFd, RawFd, u8, PathBuf)>,
+    shares: Vec<Arc<Inner>>,
     exiting: bool,
 }
 
@@ -19,70 +18,73 @@ static LIVE: Mutex<Live> = Mutex::new(Live {
 });
 static HANDLER: Once = Once::new();
 
-fn live() -> std::sync::MutexGuard<'static, Live> {
-    LIVE.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub fn register(reg: RawFd, sock: RawFd, slot: u8, data: PathBuf) {
+pub(super) fn register(share: &Arc<Inner>) {
     HANDLER.call_once(|| {
         // SAFETY: registers a plain extern "C" function with no arguments.
         unsafe { libc::atexit(on_exit) };
     });
-    live().shares.push((reg, sock, slot, data));
+    guard(&LIVE).shares.push(share.clone());
 }
 
 /// Forget a share that leaves by itself; false if the exit handler has taken over.
-pub fn unregister(reg: RawFd) -> bool {
-    let mut l = live();
-    l.shares.retain(|s| s.0 != reg);
+pub(super) fn unregister(share: &Inner) -> bool {
+    let mut l = guard(&LIVE);
+    l.shares.retain(|s| !std::ptr::eq(&**s, share));
     !l.exiting
 }
 
-/// The file identity of an fd (two shares on one address have one registry file).
-fn inode(fd: RawFd) -> Option<(u64, u64)> {
-    // SAFETY: fstat writes a stat structure we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is live and `fd` is ours.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+/// The file identity of an fd (two shares on one address have one lock file).
+fn inode(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: `fd` is a live file of this process for the duration of this call.
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::fs::fstat(b)
+        .ok()
+        .map(|st| (st.st_dev, st.st_ino))
 }
 
 extern "C" fn on_exit() {
-    let mut l = live();
+    let mut l = guard(&LIVE);
     l.exiting = true;
     // The kernel releases an exiting process's files in reverse fd order: the sockets with
     // the highest fds leave their groups first.
     let mut shares = l.shares.clone();
-    shares.sort_unstable_by_key(|s| std::cmp::Reverse(s.1));
-    // One flock per registry file (several shares on one address share it), taken on the
-    // file's lowest registry fd: it is kept until the process's files are released, and
-    // that fd, below every socket of those shares, is released after all of them.
+    drop(l);
+    shares.sort_unstable_by_key(|s| std::cmp::Reverse(s.sock_fd));
+    // One flock per lock file (several shares on one address share it), taken on the file's
+    // lowest fd: it is kept until the process's files are released, and that fd, below every
+    // socket of those shares (unless a repair opened it anew), is released after all of them.
+    let fds: Vec<i32> = shares.iter().map(|s| guard(&s.held).reg.as_raw_fd()).collect();
     let mut locked: Vec<(u64, u64)> = Vec::new();
-    for (reg, ..) in &shares {
-        let reg = *reg;
-        let Some(id) = inode(reg) else { continue };
+    for &fd in &fds {
+        let Some(id) = inode(fd) else { continue };
         if locked.contains(&id) {
             continue;
         }
-        let lowest = shares
+        let lowest = fds
             .iter()
-            .filter(|s| inode(s.0) == Some(id))
-            .map(|s| s.0)
+            .copied()
+            .filter(|f| inode(*f) == Some(id))
             .min()
-            .unwrap_or(reg);
+            .unwrap_or(fd);
         // SAFETY: flock on our own open file.
         if unsafe { libc::flock(lowest, libc::LOCK_EX) } == 0 {
             locked.push(id);
         }
     }
-    for (reg, sock, slot, data) in shares {
-        if !inode(reg).is_some_and(|id| locked.contains(&id)) {
+    for (s, fd) in shares.iter().zip(fds) {
+        if !inode(fd).is_some_and(|id| locked.contains(&id)) {
             continue;
         }
-        if let Ok(mut layout) = read_layout(&data) {
-            prune(reg, &mut layout, Some(slot));
-            layout.detach(slot);
-            let _ = write_layout(&data, &layout);
-            let _ = attach(sock, &layout);
+        let h = guard(&s.held);
+        if let Ok(Ok(mut layout)) = read_layout(&h.dir, &s.names) {
+            let kernel = kernel_inodes(s.addr, Some(s.inode));
+            prune(fd, &mut layout, Some(s.slot), kernel.as_deref());
+            layout.detach(s.slot);
+            let _ = write_layout(&h.dir, &s.names, &layout);
+            let _ = attach(s.sock_fd, &layout);
         }
+        h.dir.remove(&s.names.forward(s.slot));
+        h.dir.remove(&s.names.conns(s.slot));
+        s.left.store(true, Ordering::Release);
     }
 }

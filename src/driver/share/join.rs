@@ -1,22 +1,37 @@
 //! Joining: a context binds UDP 4791 on each of its addresses (its IPv4 address, its IPv6
 //! ones) and takes one slot for all of them, since its QPNs and CM IDs carry the slot whichever
 //! address a packet comes to.
+//!
+//! A joiner first makes sure it knows every socket in each group: the kernel's list must match
+//! the registry (dead members pruned, a dying one's socket gone). A socket the registry does not
+//! list is a member putting itself back after damage (it does within a round of its check), or
+//! a stranger: another softrdma version or a program of its own. The joiner waits a moment for
+//! the former and refuses the latter ([`ShareError::OtherVersion`]): sharing with a group it
+//! cannot steer would misroute live connections.
 
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use super::dir::StateDir;
+use super::error::ShareError;
+use super::lock::{self, Locked};
+use super::registry::{Member, Names, PROTOCOL};
 use super::{
-    at_exit, attach, fcntl_lock, prune, read_layout, settle, slot_lock, write_layout, Locked,
-    Member, Share, MAX_SLOTS,
+    at_exit, attach, kernel, kernel_inodes, names_of, prune, read_layout, settle, write_layout,
+    Held, Inner, Mine, Share, MAX_SLOTS, SETTLE_WAIT,
 };
 
 /// One address a context joins (see [`Share::join_many`]).
 pub(crate) struct Joiner<'a> {
     /// The address, port 4791 (with the scope of a link-local IPv6 address).
     pub addr: SocketAddr,
-    /// The address's registry ([`Share::open_registry`]).
+    /// The address's lock file ([`Share::open_registry`]).
     pub reg: File,
     /// The socket: not yet bound, `SO_REUSEPORT` set, numbered above `reg`.
     pub sock_fd: RawFd,
@@ -24,44 +39,34 @@ pub(crate) struct Joiner<'a> {
     pub bind: Box<dyn FnOnce() -> io::Result<()> + 'a>,
     /// If it cannot bind, nothing is joined (else the address is left out).
     pub required: bool,
-    /// The port of the context's forward socket on the address (0: none).
-    pub fwd: u16,
 }
 
-/// Take `slot`'s lock in every registry, or in none.
-fn lock_slot_everywhere(regs: &[File], slot: u8) -> bool {
-    for (k, r) in regs.iter().enumerate() {
-        let mut l = slot_lock(libc::F_WRLCK as libc::c_short, slot);
-        if fcntl_lock(r.as_raw_fd(), libc::F_OFD_SETLK, &mut l).is_err() {
-            for r in &regs[..k] {
-                let mut u = slot_lock(libc::F_UNLCK as libc::c_short, slot);
-                let _ = fcntl_lock(r.as_raw_fd(), libc::F_OFD_SETLK, &mut u);
-            }
-            return false;
-        }
-    }
-    true
-}
+/// How long a joiner waits for unlisted sockets to be listed (members put themselves back
+/// within a round of their 100 ms check).
+const JOIN_WAIT: Duration = Duration::from_millis(1000);
+
+/// A joined address: the share and its forward socket.
+pub(crate) type Joined = (Share, Option<UnixDatagram>);
 
 impl Share {
     /// Join the groups of several addresses with one slot, free on all of them: lock every
-    /// registry (in the order of their paths, so two joiners never wait for each other in a
-    /// circle), claim a slot no registry has, bind each socket (the required ones first), record
-    /// each bound socket's index and steer its slot to it. Returns one result per joiner, in
-    /// order, or the error of a required joiner that could not bind (nothing is joined then).
-    pub fn join_many(joiners: Vec<Joiner<'_>>) -> io::Result<Vec<io::Result<Share>>> {
+    /// registry (in the order of their names, so two joiners never wait for each other in a
+    /// circle), make sure every socket of each group is known, claim a slot no registry has,
+    /// bind each socket (the required ones first), record each bound socket and steer its slot
+    /// to it. Returns one result per joiner, in order, or the error of a required joiner
+    /// (nothing is joined then).
+    pub fn join_many(joiners: Vec<Joiner<'_>>) -> io::Result<Vec<io::Result<Joined>>> {
         let n = joiners.len();
         if n == 0 {
             return Ok(Vec::new());
         }
+        let dir = StateDir::current()?;
         let mut addrs = Vec::with_capacity(n);
         let mut regs = Vec::with_capacity(n);
         let mut fds = Vec::with_capacity(n);
         let mut binds = Vec::with_capacity(n);
         let mut required = Vec::with_capacity(n);
-        let mut fwds = Vec::with_capacity(n);
         for j in joiners {
-            fwds.push(j.fwd);
             debug_assert!(j.sock_fd > j.reg.as_raw_fd());
             addrs.push(j.addr);
             regs.push(j.reg);
@@ -69,35 +74,93 @@ impl Share {
             binds.push(Some(j.bind));
             required.push(j.required);
         }
-        let datas: Vec<_> = addrs.iter().map(|a| Self::data_path(*a)).collect();
+        let names: Vec<Names> = addrs.iter().map(|a| names_of(*a)).collect();
         let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|a, b| datas[*a].cmp(&datas[*b]));
-        let mut guards = Vec::with_capacity(n);
-        for &i in &order {
-            guards.push(Locked::new(&regs[i])?);
-        }
-        let mut layouts = Vec::with_capacity(n);
-        for i in 0..n {
-            let mut l = read_layout(&datas[i])?;
-            prune(regs[i].as_raw_fd(), &mut l, None);
-            settle(addrs[i], l.members.len());
-            layouts.push(l);
-        }
-        let start = layouts.first().map_or(1, |l| l.next_slot.max(1)) as usize;
+        order.sort_by(|a, b| names[*a].data().cmp(names[*b].data()));
+        // Addresses left out (a stranger in an optional one's group).
+        let mut refused: Vec<Option<io::Error>> = (0..n).map(|_| None).collect();
+        let t0 = Instant::now();
+        let (guards, mut layouts) = loop {
+            let mut guards = Vec::with_capacity(n);
+            for &i in &order {
+                guards.push(Locked::new(&regs[i], addrs[i])?);
+            }
+            let mut layouts = Vec::with_capacity(n);
+            let mut unknown: Vec<Vec<u64>> = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut l = read_layout(&dir, &names[i])?.unwrap_or_default();
+                let k = kernel_inodes(addrs[i], None);
+                prune(regs[i].as_raw_fd(), &mut l, None, k.as_deref());
+                settle(addrs[i], &l, SETTLE_WAIT);
+                let k = kernel_inodes(addrs[i], None).unwrap_or_default();
+                unknown.push(
+                    k.into_iter()
+                        .filter(|i| !l.members.iter().any(|m| m.inode == *i))
+                        .collect(),
+                );
+                layouts.push(l);
+            }
+            if unknown.iter().all(Vec::is_empty) {
+                break (guards, layouts);
+            }
+            // A socket bound without SO_REUSEPORT (another program of this user) is no member:
+            // the port is simply held.
+            for i in 0..n {
+                if unknown[i].is_empty() || refused[i].is_some() || !held_alone(addrs[i]) {
+                    continue;
+                }
+                let e: io::Error = ShareError::PortHeld {
+                    addr: addrs[i].ip(),
+                    holder: kernel::describe_holder(addrs[i].ip()),
+                }
+                .into();
+                if required[i] {
+                    return Err(e);
+                }
+                refused[i] = Some(e);
+                unknown[i].clear();
+            }
+            if unknown.iter().all(Vec::is_empty) {
+                break (guards, layouts);
+            }
+            if t0.elapsed() >= JOIN_WAIT {
+                for i in 0..n {
+                    if unknown[i].is_empty() {
+                        continue;
+                    }
+                    let e = stranger(addrs[i], &unknown[i]);
+                    if required[i] {
+                        return Err(e);
+                    }
+                    refused[i] = Some(e);
+                }
+                break (guards, layouts);
+            }
+            drop(guards);
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let live: Vec<usize> = (0..n).filter(|i| refused[*i].is_none()).collect();
+        let start = live
+            .first()
+            .map_or(1, |i| layouts[*i].next_slot.max(1)) as usize;
+        let live_regs: Vec<&File> = live.iter().map(|i| &regs[*i]).collect();
         let slot = (0..MAX_SLOTS)
             .map(|k| ((start - 1 + k) % MAX_SLOTS + 1) as u8)
-            .filter(|s| {
-                layouts
-                    .iter()
-                    .all(|l| !l.members.iter().any(|m| m.slot == *s))
-            })
-            .find(|s| lock_slot_everywhere(&regs, *s))
+            .filter(|s| live.iter().all(|i| layouts[*i].member(*s).is_none()))
+            .find(|s| lock_slot_everywhere_refs(&live_regs, *s))
             .ok_or_else(|| io::Error::from(io::ErrorKind::AddrInUse))?;
         // Required sockets first: if one cannot bind, no other has joined its group yet.
         let mut bound: Vec<Option<io::Result<()>>> = (0..n).map(|_| None).collect();
-        let by_need: Vec<usize> = (0..n)
+        for (i, e) in refused.iter_mut().enumerate() {
+            if let Some(e) = e.take() {
+                bound[i] = Some(Err(e));
+            }
+        }
+        let by_need: Vec<usize> = live
+            .iter()
+            .copied()
             .filter(|i| required[*i])
-            .chain((0..n).filter(|i| !required[*i]))
+            .chain(live.iter().copied().filter(|i| !required[*i]))
             .collect();
         for i in by_need {
             let r = binds[i].take().map_or(Ok(()), |b| b());
@@ -115,40 +178,59 @@ impl Share {
         } else {
             slot + 1
         };
+        let pid = std::process::id();
+        let mut inodes = vec![0u64; n];
         for i in 0..n {
             if !matches!(bound[i], Some(Ok(()))) {
                 continue;
             }
+            inodes[i] = kernel::inode_of(fds[i]);
             let l = &mut layouts[i];
             l.next_slot = next;
             l.members.push(Member {
                 slot,
                 index: l.members.len() as u32,
+                pid,
+                inode: inodes[i],
                 ports: Vec::new(),
-                fwd: fwds[i],
             });
-            if let Err(e) = write_layout(&datas[i], l).and_then(|_| attach(fds[i], l)) {
+            if let Err(e) = write_layout(&dir, &names[i], l).and_then(|_| attach(fds[i], l)) {
                 // The socket is in the kernel's group but not in the registry: the caller
-                // closes it (an error here is a broken temporary directory).
+                // closes it (an error here is a broken state directory).
                 bound[i] = Some(Err(e));
             }
         }
+        // Everything is recorded and steered: the lock can go (the slot locks stay with `reg`).
         drop(guards);
         let mut out = Vec::with_capacity(n);
-        for ((((reg, addr), data), fd), b) in
-            regs.into_iter().zip(addrs).zip(datas).zip(fds).zip(bound)
-        {
+        for (i, (reg, b)) in regs.into_iter().zip(bound).enumerate() {
             out.push(match b {
                 Some(Ok(())) => {
-                    at_exit::register(reg.as_raw_fd(), fd, slot, data.clone());
-                    Ok(Share {
+                    let lock_id = dir.ident(&names[i].lock());
+                    let fwd = super::super::forward::bind(&dir, &names[i].forward(slot));
+                    let inner = Arc::new(Inner {
                         slot,
-                        addr,
-                        reg,
-                        data,
-                        busy: std::sync::Mutex::new(()),
-                        fwd_cache: std::sync::Mutex::new(None),
-                    })
+                        addr: addrs[i],
+                        names: names[i].clone(),
+                        sock_fd: fds[i],
+                        inode: inodes[i],
+                        held: Mutex::new(Held {
+                            dir: dir.clone(),
+                            reg,
+                            lock_id,
+                        }),
+                        busy: Mutex::new(()),
+                        mine: Mutex::new(Mine {
+                            ports: Vec::new(),
+                            index: layouts[i].member(slot).map_or(0, |m| m.index),
+                            unverified: false,
+                        }),
+                        cache: Mutex::new(None),
+                        watch: Mutex::new(Default::default()),
+                        left: AtomicBool::new(false),
+                    });
+                    at_exit::register(&inner);
+                    Ok((Share { inner }, fwd))
                 }
                 // Dropping `reg` gives the slot's lock in that registry back.
                 Some(Err(e)) => Err(e),
@@ -157,6 +239,58 @@ impl Share {
         }
         Ok(out)
     }
+}
+
+/// Take `slot`'s lock in every registry, or in none.
+fn lock_slot_everywhere_refs(regs: &[&File], slot: u8) -> bool {
+    for (k, r) in regs.iter().enumerate() {
+        if !lock::take_slot(r.as_raw_fd(), slot) {
+            for r in &regs[..k] {
+                lock::give_slot(r.as_raw_fd(), slot);
+            }
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether `addr`:4791 is held by a socket that does not share it: a trial socket with
+/// `SO_REUSEPORT` cannot bind. (If it can, it joined the group as its last member and leaves
+/// at once, which moves nobody.)
+fn held_alone(addr: SocketAddr) -> bool {
+    let domain = if addr.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
+    let Ok(s) = socket2::Socket::new(domain, socket2::Type::DGRAM, None) else {
+        return false;
+    };
+    if addr.is_ipv6() {
+        let _ = s.set_only_v6(true);
+    }
+    if s.set_reuse_port(true).is_err() {
+        return false;
+    }
+    matches!(s.bind(&addr.into()), Err(e) if e.kind() == io::ErrorKind::AddrInUse)
+}
+
+/// The error for a group with sockets the registry does not list (`unknown`): who they are
+/// and what they speak.
+fn stranger(addr: SocketAddr, unknown: &[u64]) -> io::Error {
+    let n = kernel::group(addr).map_or(0, |g| g.len());
+    let answers = super::super::probe::identify(addr, n);
+    let who: Vec<String> = unknown
+        .iter()
+        .map(|i| kernel::describe_process(*i))
+        .collect();
+    ShareError::OtherVersion {
+        addr: addr.ip(),
+        who: who.join(", "),
+        what: super::repair::describe_protocols(&answers),
+        ours: PROTOCOL,
+    }
+    .into()
 }
 
 #[cfg(test)]
