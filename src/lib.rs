@@ -15,4 +15,16 @@ pub mod verbs;
 pub mod wire;
 
 pub use driver::Stats;
+
+/// What softrdma's own tools (the `softrdma` command) need from the host; not an API.
+#[doc(hidden)]
+pub mod host {
+    /// A directory `name` inside softrdma's state directory: private to this user, checked
+    /// (never a link or another user's), made if absent. Returns its path.
+    pub fn private_dir(name: &str) -> std::io::Result<std::path::PathBuf> {
+        crate::driver::share::dir::StateDir::current()?.subdir(name)
+    }
+
+    pub use crate::driver::holder::{serve as serve_holder, HolderPolicy, HOLDER_SOCKET};
+}
 pub use verbs::devices;

@@ -335,23 +335,34 @@ impl Engine {
     }
 
     /// Deliver the CM's events (moving QPs as they say) and send its MADs; record the
-    /// established connections if they changed.
+    /// established connections if they changed, before the events reach the application (a
+    /// process killed right after it saw ESTABLISHED leaves the record behind) and after.
     pub fn flush_gsi(&mut self, io: &Io, now: Instant) {
+        self.record_conns(io);
         self.with_tx(io, now, |ep, out| ep.transmit_gsi(&io.gids, now, out));
+        self.record_conns(io);
+    }
+
+    /// Record the established rdma_cm connections for the address's other members, if they
+    /// changed (`share::conns`).
+    fn record_conns(&mut self, io: &Io) {
         let conns = self.ep.cm_endpoint().cm.established();
-        if conns != self.recorded_conns {
-            let recs: Vec<ConnRecord> = conns
-                .iter()
-                .map(|&(local_comm_id, remote_comm_id, remote_qpn, peer)| ConnRecord {
+        if conns == self.recorded_conns {
+            return;
+        }
+        let recs: Vec<ConnRecord> = conns
+            .iter()
+            .map(
+                |&(local_comm_id, remote_comm_id, remote_qpn, peer)| ConnRecord {
                     local_comm_id,
                     remote_comm_id,
                     remote_qpn,
                     peer,
-                })
-                .collect();
-            io.record_conns(&recs);
-            self.recorded_conns = conns;
-        }
+                },
+            )
+            .collect();
+        io.record_conns(&recs);
+        self.recorded_conns = conns;
     }
 
     /// Disconnect the rdma_cm connections of dead contexts of the address in their name

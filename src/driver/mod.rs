@@ -5,6 +5,7 @@ pub(crate) mod batch;
 pub(crate) mod capture;
 pub(crate) mod engine;
 pub(crate) mod forward;
+pub(crate) mod holder;
 pub(crate) mod probe;
 pub(crate) mod progress;
 pub(crate) mod runtime;

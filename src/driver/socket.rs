@@ -424,7 +424,8 @@ fn setup(s: &Socket, local: SocketAddr) -> io::Result<()> {
 }
 
 /// Bind `s` to `at` (port 4791). Held by something that does not share it: the error names
-/// who ([`ShareError::PortHeld`]).
+/// who ([`ShareError::PortHeld`]). A privileged port here (the administrator reserved it):
+/// the socket comes from the softrdma holder (`driver::holder`), in place of `s`.
 fn bind_port(s: &Socket, at: SocketAddr) -> io::Result<()> {
     match s.bind(&at.into()) {
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(ShareError::PortHeld {
@@ -432,6 +433,19 @@ fn bind_port(s: &Socket, at: SocketAddr) -> io::Result<()> {
             holder: super::share::kernel::describe_holder(at.ip()),
         }
         .into()),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            let held = super::holder::request(at).map_err(|h| ShareError::Reserved {
+                addr: at.ip(),
+                why: h.to_string(),
+            })?;
+            // The holder's socket takes the place (and the fd number) of ours.
+            // SAFETY: both fds are live sockets of this process; dup3 replaces `s`'s
+            // description with the holder's, atomically, keeping the number.
+            if unsafe { libc::dup3(held.as_raw_fd(), s.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        }
         r => r,
     }
 }

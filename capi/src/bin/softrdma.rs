@@ -38,6 +38,17 @@ enum Cmd {
     },
     /// Print the directory that holds softrdma's libraries (for LD_LIBRARY_PATH).
     Libdir,
+    /// Hand out sockets on UDP port 4791 to softrdma users (run as root, e.g. from systemd),
+    /// where the administrator made the port privileged so that nobody else can take it:
+    /// `sysctl net.ipv4.ip_unprivileged_port_start=4792` (docs/security.md).
+    Holder {
+        /// Serve only these users (names or uids; repeat the option). Default: every user.
+        #[arg(long = "user")]
+        users: Vec<String>,
+        /// Where to listen.
+        #[arg(long, default_value = softrdma::host::HOLDER_SOCKET)]
+        socket: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -47,6 +58,7 @@ fn main() -> ExitCode {
         Cmd::Devinfo { device } => devinfo(device.as_deref()),
         Cmd::Run { command } => run(&command),
         Cmd::Libdir => lib_dir().map(|d| println!("{}", d.display())),
+        Cmd::Holder { users, socket } => holder(&users, &socket),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -55,6 +67,31 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A user name or uid, as a uid.
+fn uid_of(user: &str) -> Result<u32, String> {
+    if let Ok(u) = user.parse() {
+        return Ok(u);
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| e.to_string())?;
+    passwd
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() > 2 && f[0] == user).then(|| f[2].parse().ok())?
+        })
+        .ok_or_else(|| format!("no user {user}"))
+}
+
+fn holder(users: &[String], socket: &Path) -> Result<(), String> {
+    let users = users
+        .iter()
+        .map(|u| uid_of(u))
+        .collect::<Result<Vec<u32>, String>>()?;
+    eprintln!("softrdma holder: serving {}", socket.display());
+    softrdma::host::serve_holder(socket, &softrdma::host::HolderPolicy { users })
+        .map_err(|e| format!("{}: {e}", socket.display()))
 }
 
 fn list_devices() -> Result<(), String> {
@@ -167,21 +204,23 @@ fn shared_object() -> Result<PathBuf, String> {
 }
 
 /// A directory of the library names, each a symbolic link to the shared object: beside the
-/// executable if that is writable, else in the temporary directory.
+/// executable if that is writable, else in the user's private softrdma state directory (never
+/// a shared temporary directory, where another user could plant the libraries a program --
+/// root's too -- would load).
 fn lib_dir() -> Result<PathBuf, String> {
     let so = shared_object()?;
     let so = so.canonicalize().map_err(|e| e.to_string())?;
     let beside = so.parent().map(|p| p.join("softrdma-lib"));
-    let uid = unsafe { libc::getuid() };
-    let tmp = std::env::temp_dir().join(format!("softrdma-lib-{uid}"));
     let mut last = String::new();
-    for dir in beside.into_iter().chain([tmp]) {
+    if let Some(dir) = beside {
         match populate(&dir, &so) {
             Ok(()) => return Ok(dir),
             Err(e) => last = format!("{}: {e}", dir.display()),
         }
     }
-    Err(last)
+    let private = softrdma::host::private_dir("lib").map_err(|e| format!("{last}; {e}"))?;
+    populate(&private, &so).map_err(|e| format!("{last}; {}: {e}", private.display()))?;
+    Ok(private)
 }
 
 fn populate(dir: &Path, so: &Path) -> std::io::Result<()> {

@@ -143,11 +143,17 @@ impl StateDir {
             Mode::empty(),
         ) {
             Ok(fd) => fd,
-            Err(rustix::io::Errno::LOOP) => {
-                return Err(unsafe_dir(&path, "it is a symbolic link"));
-            }
-            Err(rustix::io::Errno::NOTDIR) => {
-                return Err(unsafe_dir(&path, "it is not a directory"));
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+                let link = rustix::fs::statat(&pfd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
+                return Err(unsafe_dir(
+                    &path,
+                    if link {
+                        "it is a symbolic link"
+                    } else {
+                        "it is not a directory"
+                    },
+                ));
             }
             Err(e) => return Err(e.into()),
         };
@@ -194,6 +200,12 @@ impl StateDir {
     #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The real path of `name` in it (for messages, and to recognise it among a process's
+    /// open files).
+    pub fn real_path(&self, name: &str) -> PathBuf {
+        self.path.join(name)
     }
 
     /// Open (creating it, 0600) the file `name` for reading and writing: a regular file of
@@ -279,6 +291,24 @@ impl StateDir {
     pub fn socket_path(&self, name: &str) -> Option<PathBuf> {
         let p = PathBuf::from(format!("/proc/self/fd/{}/{name}", self.fd.as_raw_fd()));
         (p.as_os_str().len() < 108).then_some(p)
+    }
+
+    /// A directory `name` in this one (made 0700 if absent; a link or anything not a
+    /// directory of ours is refused): its path.
+    pub fn subdir(&self, name: &str) -> io::Result<PathBuf> {
+        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let path = self.path.join(name);
+        let st = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory
+            || st.st_uid != euid()
+            || mode_of(&st) & 0o022 != 0
+        {
+            return Err(unsafe_dir(&path, "it is not a private directory of yours"));
+        }
+        Ok(path)
     }
 
     /// The directory's descriptor.

@@ -39,6 +39,14 @@ pub enum ShareError {
         what: String,
         ours: u8,
     },
+    /// Port 4791 is privileged on this host (`net.ipv4.ip_unprivileged_port_start` above it:
+    /// the administrator reserved it for softrdma) and the softrdma holder did not give this
+    /// user a socket.
+    #[error(
+        "UDP port 4791 of {addr} is reserved on this host (a privileged port) and {why}; the \
+         administrator runs `softrdma holder` to hand it to softrdma users (docs/security.md)"
+    )]
+    Reserved { addr: IpAddr, why: String },
     /// The registry's lock stayed taken (a process stopped while changing it).
     #[error("the softrdma registry of {addr} stayed locked for {secs} s (a process stopped while changing it?)")]
     Locked { addr: IpAddr, secs: u64 },
@@ -50,13 +58,16 @@ impl ShareError {
         match self {
             ShareError::UnsafeDir { .. } => libc::EACCES,
             ShareError::PortHeld { .. } | ShareError::OtherVersion { .. } => libc::EADDRINUSE,
+            ShareError::Reserved { .. } => libc::EACCES,
             ShareError::Locked { .. } => libc::EBUSY,
         }
     }
 
     fn kind(&self) -> io::ErrorKind {
         match self {
-            ShareError::UnsafeDir { .. } => io::ErrorKind::PermissionDenied,
+            ShareError::UnsafeDir { .. } | ShareError::Reserved { .. } => {
+                io::ErrorKind::PermissionDenied
+            }
             ShareError::PortHeld { .. } | ShareError::OtherVersion { .. } => {
                 io::ErrorKind::AddrInUse
             }

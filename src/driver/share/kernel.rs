@@ -99,6 +99,21 @@ pub(crate) fn process_of(inode: u64) -> Option<(u32, String)> {
     None
 }
 
+/// Whether process `pid` has the file `path` open (or one that was there and was deleted: a
+/// member of this protocol holds its registry's lock file open).
+pub(crate) fn process_has_open(pid: u32, path: &std::path::Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let want = path.to_string_lossy().into_owned();
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|l| {
+            let l = l.to_string_lossy();
+            l == want || l.strip_suffix(" (deleted)") == Some(want.as_str())
+        })
+    })
+}
+
 /// "pid 4242 (nc)", or "an unknown process" when it cannot be seen.
 pub(crate) fn describe_process(inode: u64) -> String {
     match process_of(inode) {

@@ -115,6 +115,27 @@ struct Mine {
     unverified: bool,
 }
 
+impl Inner {
+    /// Remove the dead from `layout` (see [`prune`]); the kernel's list of the group, if it
+    /// could be read.
+    fn prune_dead(&self, held: &Held, layout: &mut Layout) -> Option<Vec<u64>> {
+        let kernel = kernel_inodes(self.addr, Some(self.inode));
+        prune(
+            held.reg.as_raw_fd(),
+            layout,
+            Some(self.slot),
+            kernel.as_deref(),
+        );
+        kernel
+    }
+
+    /// Write the registry and steer the group by it.
+    fn publish(&self, held: &Held, layout: &Layout) -> io::Result<()> {
+        write_layout(&held.dir, &self.names, layout)?;
+        attach(self.sock_fd, layout)
+    }
+}
+
 /// This context's place in the address's group.
 pub(crate) struct Share {
     inner: Arc<Inner>,
@@ -272,17 +293,10 @@ impl Share {
         let locked = Locked::new(&held.reg, me.addr);
         if locked.is_ok() {
             if let Ok(Ok(mut layout)) = read_layout(&held.dir, &me.names) {
-                let kernel = kernel_inodes(me.addr, Some(me.inode));
-                prune(
-                    held.reg.as_raw_fd(),
-                    &mut layout,
-                    Some(me.slot),
-                    kernel.as_deref(),
-                );
+                me.prune_dead(&held, &mut layout);
                 settle(me.addr, &layout, SETTLE_WAIT);
                 layout.detach(me.slot);
-                let _ = write_layout(&held.dir, &me.names, &layout);
-                let _ = attach(me.sock_fd, &layout);
+                let _ = me.publish(&held, &layout);
             }
         }
         close();
@@ -311,21 +325,14 @@ impl Share {
         let Ok(Ok(mut layout)) = read_layout(&held.dir, &me.names) else {
             return;
         };
-        let kernel = kernel_inodes(me.addr, Some(me.inode));
-        prune(
-            held.reg.as_raw_fd(),
-            &mut layout,
-            Some(me.slot),
-            kernel.as_deref(),
-        );
+        let kernel = me.prune_dead(&held, &mut layout);
         // Our own socket is in the group: a count of 0 is a wrong view (another namespace's
         // table), and steering by it would drop every member.
         let Some(n) = kernel.map(|k| k.len()).filter(|n| *n > 0) else {
             return;
         };
         if let Ok(true) = super::probe::resync(me.addr, n, &mut layout) {
-            if write_layout(&held.dir, &me.names, &layout).is_ok() {
-                let _ = attach(me.sock_fd, &layout);
+            if me.publish(&held, &layout).is_ok() {
                 let mut mine = guard(&me.mine);
                 if let Some(m) = layout.member(me.slot) {
                     mine.index = m.index;
@@ -339,6 +346,9 @@ impl Share {
     /// context that just joined).
     fn cached<R>(&self, f: impl Fn(&Layout) -> Option<R>) -> Option<R> {
         let me = &self.inner;
+        // Lock order: `held` before `cache`, never both (the check holds `held` and then
+        // clears the cache).
+        let dir = guard(&me.held).dir.clone();
         let mut c = guard(&me.cache);
         if let Some((at, l)) = c.as_ref() {
             if at.elapsed() < CACHE_FOR {
@@ -347,7 +357,6 @@ impl Share {
                 }
             }
         }
-        let dir = guard(&me.held).dir.clone();
         let l = read_layout(&dir, &me.names).ok()?.ok()?;
         let r = f(&l);
         *c = Some((Instant::now(), l));
@@ -381,13 +390,7 @@ impl Share {
         let held = guard(&me.held);
         let _guard = Locked::new(&held.reg, me.addr)?;
         let mut layout = read_layout(&held.dir, &me.names)?.unwrap_or_default();
-        let kernel = kernel_inodes(me.addr, Some(me.inode));
-        prune(
-            held.reg.as_raw_fd(),
-            &mut layout,
-            Some(me.slot),
-            kernel.as_deref(),
-        );
+        me.prune_dead(&held, &mut layout);
         if listening && layout.port_owner(port).is_some_and(|s| s != me.slot) {
             return Err(io::Error::from(io::ErrorKind::AddrInUse));
         }
@@ -398,8 +401,7 @@ impl Share {
         }
         repair::put_self(me, &mut layout, &mut mine);
         drop(mine);
-        write_layout(&held.dir, &me.names, &layout)?;
-        attach(me.sock_fd, &layout)
+        me.publish(&held, &layout)
     }
 
     /// Record this member's established rdma_cm connections ([`conns`]).

@@ -11,10 +11,11 @@
 //!   asks for a probe resync to confirm the indexes. Every member does the same within a
 //!   round, so the registry is rebuilt from the live members; none of their sockets moved, so
 //!   no connection is lost meanwhile.
-//! * **Strangers**: a socket in the group that the registry does not list for longer than a
-//!   member needs to put itself back is another softrdma version (or a program of its own):
-//!   it is reported once on stderr, naming its process and protocol, and this member keeps
-//!   its own steering attached so that its connections are not misrouted.
+//! * **Strangers**: a socket in the group that the registry does not list makes the member
+//!   attach its steering again at once (a stranger's join replaced the group's program); one
+//!   still unlisted after a member would have put itself back is another softrdma version (or
+//!   a program of its own): it is reported once on stderr, naming its process and protocol, and
+//!   this member keeps its own steering attached so that its connections are not misrouted.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
@@ -25,11 +26,11 @@ use super::conns::{self, ConnRecord};
 use super::dir::StateDir;
 use super::lock::{self, Locked};
 use super::registry::{Layout, Member, PROTOCOL};
-use super::{attach, guard, kernel, kernel_inodes, prune, read_layout, write_layout};
+use super::{guard, kernel, kernel_inodes, read_layout};
 use super::{Inner, Mine, Share};
 
 /// How long a socket may be in the group unlisted before it is taken for a stranger.
-const STRANGER_AFTER: Duration = Duration::from_millis(400);
+const STRANGER_AFTER: Duration = Duration::from_millis(1000);
 /// How often the state directory is searched for a dead member's records anyway.
 const ORPHAN_SCAN: Duration = Duration::from_secs(5);
 
@@ -139,7 +140,10 @@ impl Share {
                     .filter(|(_, since)| now.duration_since(*since) >= STRANGER_AFTER)
                     .map(|(i, _)| *i)
                     .collect();
-                fine &= strangers.is_empty();
+                // Any unlisted socket: steer again at once, under the lock (a stranger's
+                // program replaced ours: a flow the kernel's hash gives it loses every
+                // retransmission until then).
+                fine &= w.unknown.is_empty();
                 fine &= !l
                     .members
                     .iter()
@@ -180,31 +184,33 @@ impl Share {
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default();
-        prune(
-            held.reg.as_raw_fd(),
-            &mut layout,
-            Some(me.slot),
-            kernel.as_deref(),
-        );
+        me.prune_dead(&held, &mut layout);
         let mut mine = guard(&me.mine);
         put_self(me, &mut layout, &mut mine);
         out.resync = mine.unverified;
         drop(mine);
         // Strangers: still unlisted now that we hold the lock (a joiner writes its entry
-        // before it lets go of the lock, so this is not one).
+        // before it lets go of the lock, so this is not one), and not a member of this
+        // protocol that is slow to put itself back (it holds this registry's lock file open).
+        let lock_path = held.dir.real_path(&me.names.lock());
         let strangers: Vec<u64> = strangers
             .into_iter()
             .filter(|i| !layout.members.iter().any(|m| m.inode == *i))
+            .filter(|i| {
+                !kernel::process_of(*i)
+                    .is_some_and(|(pid, _)| kernel::process_has_open(pid, &lock_path))
+            })
             .collect();
-        if !strangers.is_empty() {
-            self.report_strangers(&strangers);
-        }
-        if write_layout(&held.dir, &me.names, &layout).is_ok() {
-            let _ = attach(me.sock_fd, &layout);
-        }
-        *guard(&me.cache) = None;
+        let _ = me.publish(&held, &layout);
         if !fwd_ok || !lock_ok {
             out.new_forward = super::super::forward::bind(&held.dir, &me.names.forward(me.slot));
+        }
+        drop(_guard);
+        drop(held);
+        *guard(&me.cache) = None;
+        // Probing takes up to 200 ms: not while holding what hand-overs need.
+        if !strangers.is_empty() {
+            self.report_strangers(&strangers);
         }
         out
     }
