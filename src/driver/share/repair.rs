@@ -31,7 +31,7 @@ use super::{Inner, Mine, Share};
 
 /// How long a socket may be in the group unlisted before it is taken for a stranger.
 const STRANGER_AFTER: Duration = Duration::from_millis(1000);
-/// How often the state directory is searched for a dead member's records anyway.
+/// How often the state directory is cleared of records of members that died unwatched.
 const ORPHAN_SCAN: Duration = Duration::from_secs(5);
 
 /// What the check tracks between rounds.
@@ -150,14 +150,20 @@ impl Share {
                     .any(|m| m.slot != me.slot && !k.contains(&m.inode) && !lock::slot_held(reg, m.slot));
             }
             let slots: Vec<u8> = l.members.iter().map(|m| m.slot).collect();
-            let gone = w.slots.iter().any(|s| !slots.contains(s));
+            let died: Vec<u8> = w.slots.iter().copied().filter(|s| !slots.contains(s)).collect();
             let scan_due = w.last_scan.map_or(true, |t| now.duration_since(t) >= ORPHAN_SCAN);
             // Only while every socket of the group is listed: a live member that is putting
             // itself back after damage must not lose its connections.
             let all_listed = kernel.is_some() && w.unknown.is_empty();
-            if (gone || scan_due) && all_listed {
-                w.last_scan = Some(now);
-                out.orphans = claim_orphans(&dir, me, &slots, reg);
+            if all_listed && (!died.is_empty() || scan_due) {
+                if scan_due {
+                    w.last_scan = Some(now);
+                }
+                // The connections of members seen dying are disconnected in their name; the
+                // records of members that died unwatched (before this one joined) are only
+                // removed: their peers are long gone or have timed out.
+                let (recs, _) = claim_orphans(&dir, me, &slots, reg, &died);
+                out.orphans = recs;
             }
             w.slots = slots;
         } else {
@@ -299,18 +305,26 @@ fn warn_once(me: &Inner, msg: &str) {
     eprintln!("softrdma: {msg}");
 }
 
-/// Take the connection records of slots no longer in the registry (`live`): renamed away
-/// first, so that exactly one member sends their DREQs.
+/// Take the connection records of slots no longer in the registry (`live`) nor held: renamed
+/// away first, so that exactly one member takes each. Returns the records of the slots in
+/// `died` (to disconnect) and how many others were removed.
 fn claim_orphans(
     dir: &StateDir,
     me: &Inner,
     live: &[u8],
     reg: std::os::fd::RawFd,
-) -> Vec<ConnRecord> {
+    died: &[u8],
+) -> (Vec<ConnRecord>, usize) {
     let mut out = Vec::new();
+    let mut removed = 0;
     for slot in 1..=super::MAX_SLOTS as u8 {
         if live.contains(&slot) || slot == me.slot || lock::slot_held(reg, slot) {
             continue;
+        }
+        // A dead member's forward socket.
+        let fwd = me.names.forward(slot);
+        if dir.ident(&fwd).is_some() {
+            dir.remove(&fwd);
         }
         let name = me.names.conns(slot);
         if dir.ident(&name).is_none() {
@@ -320,10 +334,14 @@ fn claim_orphans(
         if rustix::fs::renameat(dir.fd(), name.as_str(), dir.fd(), claimed.as_str()).is_err() {
             continue;
         }
-        if let Ok(Some(t)) = dir.read(&claimed) {
-            out.extend(conns::parse(&t));
+        if died.contains(&slot) {
+            if let Ok(Some(t)) = dir.read(&claimed) {
+                out.extend(conns::parse(&t));
+            }
+        } else {
+            removed += 1;
         }
         dir.remove(&claimed);
     }
-    out
+    (out, removed)
 }
