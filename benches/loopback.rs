@@ -154,10 +154,10 @@ fn post_send(e: &End, wr_id: u64, op: SendOp, len: usize) {
         wr_id,
         op,
         sg_list: &[sge(&e.mr, len)],
-        flags: SendFlags {
-            signaled: true,
-            inline,
-            ..Default::default()
+        flags: if inline {
+            SendFlags::SIGNALED | SendFlags::INLINE
+        } else {
+            SendFlags::SIGNALED
         },
     }])
     .unwrap();

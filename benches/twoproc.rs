@@ -82,12 +82,7 @@ const MANY_QPS: usize = 1000;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 
-const ALL: AccessFlags = AccessFlags(
-    AccessFlags::LOCAL_WRITE.0
-        | AccessFlags::REMOTE_WRITE.0
-        | AccessFlags::REMOTE_READ.0
-        | AccessFlags::REMOTE_ATOMIC.0,
-);
+const ALL: AccessFlags = AccessFlags::all();
 
 // ---------------------------------------------------------------------------------------------
 // Endpoints (both processes)
@@ -202,10 +197,10 @@ impl Side {
                 wr_id,
                 op,
                 sg_list: &[self.sge(off, len)],
-                flags: SendFlags {
-                    signaled: true,
-                    inline,
-                    ..Default::default()
+                flags: if inline {
+                    SendFlags::SIGNALED | SendFlags::INLINE
+                } else {
+                    SendFlags::SIGNALED
                 },
             }])
             .unwrap();

@@ -144,10 +144,7 @@ impl Conn {
                     length: b.len() as u32,
                     lkey: self.mr.lkey(),
                 }],
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
+                flags: SendFlags::SIGNALED,
             }])
             .map_err(|e| format!("post_send: {e}"))
     }

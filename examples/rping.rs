@@ -175,10 +175,7 @@ struct Cb {
 }
 
 fn signaled() -> SendFlags {
-    SendFlags {
-        signaled: true,
-        ..Default::default()
-    }
+    SendFlags::SIGNALED
 }
 
 fn sge(mr: &MemoryRegion, len: usize) -> Sge {

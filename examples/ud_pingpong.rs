@@ -281,12 +281,9 @@ fn init_ctx(o: &Opts) -> Result<Pingpong, String> {
             srq: None,
         })
         .map_err(|e| format!("Couldn't create QP: {e}"))?;
-    let mut send_flags = SendFlags {
-        signaled: true,
-        ..Default::default()
-    };
+    let mut send_flags = SendFlags::SIGNALED;
     if qp.caps().max_inline_data as usize >= o.size {
-        send_flags.inline = true;
+        send_flags.insert(SendFlags::INLINE);
     }
     qp.modify(&QpAttr {
         qp_state: Some(QpState::Init),

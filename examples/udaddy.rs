@@ -217,9 +217,10 @@ impl Test {
                 wr_id: i as u64,
                 op: SendOp::SendWithImm { imm: qp.qp_num() },
                 sg_list: &sg,
-                flags: SendFlags {
-                    signaled,
-                    ..Default::default()
+                flags: if signaled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::empty()
                 },
                 ah,
                 remote_qpn: n.remote_qpn,

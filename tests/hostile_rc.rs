@@ -143,10 +143,7 @@ fn forged_writes_and_acks_from_another_address_are_dropped_and_counted() {
                     rkey,
                 },
                 sg_list: &[sge(&src, i * 1024, 1024)],
-                flags: softrdma::transport::SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
+                flags: softrdma::transport::SendFlags::SIGNALED,
             }])
             .unwrap();
             let wc = b.wait();

@@ -4,7 +4,7 @@
 use softrdma::transport::sim::*;
 use softrdma::transport::*;
 
-const ALL: AccessFlags = AccessFlags(0xf);
+const ALL: AccessFlags = AccessFlags::all();
 
 fn sim(o: ConnectOpts) -> Sim {
     let mut s = Sim::new(1, LinkConfig::default(), QpCaps::default());
@@ -305,10 +305,10 @@ fn inline_and_unsignaled() {
     let inline = |wr_id, signaled| SendWqe {
         wr_id,
         op: SendOp::Send,
-        flags: SendFlags {
-            signaled,
-            inline: true,
-            ..Default::default()
+        flags: if signaled {
+            SendFlags::INLINE | SendFlags::SIGNALED
+        } else {
+            SendFlags::INLINE
         },
         sg_list: vec![].into(),
         inline_data: data.clone(),
@@ -353,7 +353,7 @@ fn sq_sig_all_signals_everything() {
         },
         vec![lmr.sge(0, 16)],
     );
-    w.flags.signaled = false;
+    w.flags.set(SendFlags::SIGNALED, false);
     s.ends[0].qp.post_send(w).unwrap();
     assert!(s.run_idle(1000));
     assert_eq!(s.ends[0].take(CqSide::Send).len(), 1);
@@ -373,7 +373,7 @@ fn solicited_bit_reaches_receiver() {
         .post_recv(recv_wr(2, vec![rmr.sge(0, 64)]))
         .unwrap();
     let mut w = send_wr(1, SendOp::Send, vec![lmr.sge(0, 8)]);
-    w.flags.solicited = true;
+    w.flags.insert(SendFlags::SOLICITED);
     s.ends[0].qp.post_send(w).unwrap();
     s.ends[0]
         .qp

@@ -8,7 +8,7 @@ use softrdma::transport::sim::*;
 use softrdma::transport::*;
 use softrdma::wire::{Packet, Syndrome};
 
-const ALL: AccessFlags = AccessFlags(0xf);
+const ALL: AccessFlags = AccessFlags::all();
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 
 fn sim(o: ConnectOpts) -> Sim {
@@ -43,7 +43,7 @@ fn fail_then_flush(s: &mut Sim, bad: SendWqe, lmr: &MemRegion, rmr: &MemRegion) 
         },
         vec![lmr.sge(0, 8)],
     );
-    w.flags.signaled = false; // error completions are generated for unsignaled WRs too
+    w.flags.set(SendFlags::SIGNALED, false); // error completions are generated for unsignaled WRs too
     s.ends[0].qp.post_send(w).unwrap();
     assert!(s.run_idle(100_000));
     s.ends[0].take(CqSide::Send)
@@ -484,7 +484,7 @@ fn flush_on_err_covers_everything() {
     let lmr = s.ends[0].mem.register(64, ALL);
     for i in 0..5 {
         let mut w = send_wr(i, SendOp::Send, vec![lmr.sge(0, 8)]);
-        w.flags.signaled = i % 2 == 0;
+        w.flags.set(SendFlags::SIGNALED, i % 2 == 0);
         s.ends[0].qp.post_send(w).unwrap();
         s.ends[0]
             .qp

@@ -6,7 +6,7 @@ use softrdma::transport::sim::*;
 use softrdma::transport::*;
 use softrdma::wire::{Aeth, AtomicAckEth, Bth, NakCode, Opcode, Packet, Psn, Reth, Syndrome};
 
-const ALL: AccessFlags = AccessFlags(0xf);
+const ALL: AccessFlags = AccessFlags::all();
 
 const RC_OPCODES: [u8; 23] = [
     0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,

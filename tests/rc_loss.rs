@@ -11,7 +11,7 @@ use softrdma::transport::sim::*;
 use softrdma::transport::*;
 use softrdma::wire::{Opcode, Packet, Syndrome};
 
-const ALL: AccessFlags = AccessFlags(0xf);
+const ALL: AccessFlags = AccessFlags::all();
 const MSG: usize = 64 << 10;
 /// perftest's local ACK timeout: 4.096 µs × 2^14 = 67 ms.
 const TIMEOUT: u8 = 14;

@@ -5,7 +5,7 @@ use softrdma::transport::sim::*;
 use softrdma::transport::*;
 use softrdma::wire::Opcode;
 
-const ALL: AccessFlags = AccessFlags(0xf);
+const ALL: AccessFlags = AccessFlags::all();
 const SLOT: u64 = 6000;
 
 #[derive(Clone, Copy, Debug)]

@@ -133,7 +133,7 @@ fn replay(path: &str, mtu: Mtu) -> usize {
             }
         }
         for (rkey, (lo, hi)) in &spans {
-            mem.register_at(*lo, (hi - lo).max(8) as usize, *rkey, AccessFlags(0xf));
+            mem.register_at(*lo, (hi - lo).max(8) as usize, *rkey, AccessFlags::all());
         }
         // What memory held when rxe served each READ / the first atomic on an address, taken
         // from rxe's own responses, written just before the request is replayed (the
@@ -172,7 +172,7 @@ fn replay(path: &str, mtu: Mtu) -> usize {
             }
             preload.push(w);
         }
-        let local = mem.register(1 << 20, AccessFlags(0xf));
+        let local = mem.register(1 << 20, AccessFlags::all());
         let caps = QpCaps {
             max_recv_wr: 4096,
             ..QpCaps::default()
@@ -184,7 +184,7 @@ fn replay(path: &str, mtu: Mtu) -> usize {
                 qp_state: Some(QpState::Init),
                 pkey_index: Some(0),
                 port_num: Some(1),
-                qp_access_flags: Some(AccessFlags(0xf)),
+                qp_access_flags: Some(AccessFlags::all()),
                 ..Default::default()
             },
             now,
@@ -324,7 +324,7 @@ fn requests_like_rxe_in_basic_capture() {
     let mut compared = 0;
     for ((ip, qpn), reqs) in &streams {
         let mem = VecMemory::new();
-        let local = mem.register(1 << 22, AccessFlags(0xf));
+        let local = mem.register(1 << 22, AccessFlags::all());
         let mut wqes = Vec::new();
         let mut at = 0u64;
         let mut i = 0;
@@ -401,7 +401,7 @@ fn requests_like_rxe_in_basic_capture() {
             };
             mem.write(local.addr + at, &data);
             let mut w = send_wr(i as u64, op, vec![local.sge(at, len)]);
-            w.flags.solicited = last.bth.solicited;
+            w.flags.set(SendFlags::SOLICITED, last.bth.solicited);
             wqes.push(w);
             at += len as u64 + 64;
             i = j + 1;
@@ -418,7 +418,7 @@ fn requests_like_rxe_in_basic_capture() {
                 qp_state: Some(QpState::Init),
                 pkey_index: Some(0),
                 port_num: Some(1),
-                qp_access_flags: Some(AccessFlags(0xf)),
+                qp_access_flags: Some(AccessFlags::all()),
                 ..Default::default()
             },
             now,

@@ -15,7 +15,7 @@ fn to_init() -> QpAttr {
         qp_state: Some(QpState::Init),
         pkey_index: Some(0),
         port_num: Some(1),
-        qp_access_flags: Some(AccessFlags(0xf)),
+        qp_access_flags: Some(AccessFlags::all()),
         ..Default::default()
     }
 }
@@ -93,7 +93,7 @@ fn full_bring_up_and_query() {
     assert_eq!(a.min_rnr_timer, Some(12));
     assert_eq!(a.max_rd_atomic, Some(2));
     assert_eq!(a.max_dest_rd_atomic, Some(4));
-    assert_eq!(a.qp_access_flags, Some(AccessFlags(0xf)));
+    assert_eq!(a.qp_access_flags, Some(AccessFlags::all()));
     assert_eq!(a.port_num, Some(1));
     assert_eq!(q.destination().unwrap().dgid, [7; 16]);
 }
@@ -636,7 +636,7 @@ fn post_time_checks() {
         Err(PostError::BadAtomicLength)
     );
     let mut w = send_wr(1, SendOp::Send, vec![]);
-    w.flags.inline = true;
+    w.flags.insert(SendFlags::INLINE);
     w.inline_data = vec![0; 17];
     assert_eq!(
         q.post_send(w),
@@ -677,8 +677,8 @@ fn send_queue_depth_counts_unpolled_completions() {
     };
     let mut s = Sim::new(3, LinkConfig::default(), caps);
     s.connect(ConnectOpts::default());
-    let lmr = s.ends[0].mem.register(64, AccessFlags(0xf));
-    let rmr = s.ends[1].mem.register(64, AccessFlags(0xf));
+    let lmr = s.ends[0].mem.register(64, AccessFlags::all());
+    let rmr = s.ends[1].mem.register(64, AccessFlags::all());
     let w = |i| {
         send_wr(
             i,
@@ -714,8 +714,8 @@ fn send_queue_depth_counts_unpolled_completions() {
 fn sqd_holds_new_work_until_rts() {
     let mut s = Sim::new(3, LinkConfig::default(), QpCaps::default());
     s.connect(ConnectOpts::default());
-    let lmr = s.ends[0].mem.register(64, AccessFlags(0xf));
-    let rmr = s.ends[1].mem.register(64, AccessFlags(0xf));
+    let lmr = s.ends[0].mem.register(64, AccessFlags::all());
+    let rmr = s.ends[1].mem.register(64, AccessFlags::all());
     s.ends[0].qp.modify(&st(QpState::Sqd), s.now).unwrap();
     s.ends[0]
         .qp
@@ -754,8 +754,8 @@ fn reset_clears_and_reconnect_works() {
     let mut s = Sim::new(3, LinkConfig::default(), QpCaps::default());
     s.connect(ConnectOpts::default());
     s.link.blackhole = [true, true];
-    let lmr = s.ends[0].mem.register(64, AccessFlags(0xf));
-    let rmr = s.ends[1].mem.register(64, AccessFlags(0xf));
+    let lmr = s.ends[0].mem.register(64, AccessFlags::all());
+    let rmr = s.ends[1].mem.register(64, AccessFlags::all());
     s.ends[0]
         .qp
         .post_send(send_wr(1, SendOp::Send, vec![lmr.sge(0, 8)]))

@@ -118,10 +118,7 @@ fn connect_send_disconnect() {
             wr_id: 8,
             op: SendOp::Send,
             sg_list: &[sge(&r.mr, 100, 4)],
-            flags: softrdma::transport::SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: softrdma::transport::SendFlags::SIGNALED,
         }])
         .unwrap();
         assert_eq!(wait_cq(&r.cq).status, WcStatus::Success);
@@ -161,10 +158,7 @@ fn connect_send_disconnect() {
         wr_id: 2,
         op: SendOp::Send,
         sg_list: &[sge(&r.mr, 200, 4)],
-        flags: softrdma::transport::SendFlags {
-            signaled: true,
-            ..Default::default()
-        },
+        flags: softrdma::transport::SendFlags::SIGNALED,
     }])
     .unwrap();
     let mut seen_send = false;

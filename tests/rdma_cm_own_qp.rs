@@ -120,10 +120,7 @@ fn own_qps_connect_and_exchange() {
             wr_id: 2,
             op: SendOp::Send,
             sg_list: &[sge(&o.mr, 100, 4)],
-            flags: SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: SendFlags::SIGNALED,
         }])
         .unwrap();
         assert_eq!(wait_cq(&o.cq).status, WcStatus::Success);
@@ -160,10 +157,7 @@ fn own_qps_connect_and_exchange() {
         wr_id: 4,
         op: SendOp::Send,
         sg_list: &[sge(&o.mr, 200, 4)],
-        flags: SendFlags {
-            signaled: true,
-            ..Default::default()
-        },
+        flags: SendFlags::SIGNALED,
     }])
     .unwrap();
     let mut got = Vec::new();

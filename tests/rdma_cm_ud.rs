@@ -118,10 +118,7 @@ fn sidr_resolution_then_datagrams_both_ways() {
             wr_id: 1,
             op: SendOp::Send,
             sg_list: &[sge(&cr.mr, 0, 13)],
-            flags: SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: SendFlags::SIGNALED,
             ah: &ah,
             remote_qpn: ud.qp_num,
             remote_qkey: ud.qkey,
@@ -153,10 +150,7 @@ fn sidr_resolution_then_datagrams_both_ways() {
             wr_id: 3,
             op: SendOp::Send,
             sg_list: &[sge(&sr.mr, 512, 2)],
-            flags: SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: SendFlags::SIGNALED,
             ah: &back,
             remote_qpn: wc.src_qp,
             remote_qkey: RDMA_UDP_QKEY,

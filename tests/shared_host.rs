@@ -77,7 +77,9 @@ fn stream(a: &End, b: &End, n: usize) {
 fn netns_inode() -> String {
     let l = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
     let l = l.to_string_lossy();
-    l.trim_start_matches("net:[").trim_end_matches(']').to_string()
+    l.trim_start_matches("net:[")
+        .trim_end_matches(']')
+        .to_string()
 }
 
 /// The registry directory a non-root user gets by default (no `XDG_RUNTIME_DIR`).
@@ -142,11 +144,20 @@ fn role_touch() {
     }
     let p = PathBuf::from(std::env::var("SR_PATH").unwrap());
     let open = std::fs::OpenOptions::new().read(true).write(true).open(&p);
-    println!("OPEN {}", open.map_or_else(|e| e.raw_os_error().unwrap_or(0), |_| 0));
+    println!(
+        "OPEN {}",
+        open.map_or_else(|e| e.raw_os_error().unwrap_or(0), |_| 0)
+    );
     let list = std::fs::read_dir(p.parent().unwrap());
-    println!("LIST {}", list.map_or_else(|e| e.raw_os_error().unwrap_or(0), |_| 0));
+    println!(
+        "LIST {}",
+        list.map_or_else(|e| e.raw_os_error().unwrap_or(0), |_| 0)
+    );
     let plant = std::fs::write(p.with_extension("planted"), b"x");
-    println!("PLANT {}", plant.map_or_else(|e| e.raw_os_error().unwrap_or(0), |_| 0));
+    println!(
+        "PLANT {}",
+        plant.map_or_else(|e| e.raw_os_error().unwrap_or(0), |_| 0)
+    );
 }
 
 // ---- 1. The state directory ----
@@ -304,7 +315,10 @@ fn the_holder_reserves_the_port_for_the_users_it_serves() {
         Some(MALLORY),
         &[("SR_BIND", "127.0.0.1:4791".to_string())],
     );
-    assert_eq!(m.line_with("BIND_ERR"), format!("BIND_ERR {}", libc::EACCES));
+    assert_eq!(
+        m.line_with("BIND_ERR"),
+        format!("BIND_ERR {}", libc::EACCES)
+    );
     let l = spawn_as("role_open_loopback", Some(MALLORY), &env).line_with("ERROR");
     assert!(l.starts_with(&format!("ERROR {}", libc::EACCES)), "{l}");
     assert!(l.contains("may not use port 4791"), "{l}");
@@ -465,7 +479,10 @@ fn a_killed_rdma_cm_peer_is_disconnected_within_a_second() {
         let l = survivor.line_with("DISCONNECT");
         let took = t0.elapsed();
         assert_eq!(l, "DISCONNECTED", "kill server: {kill_server}");
-        eprintln!("kill -9 of the {}: DISCONNECTED after {took:?}", if kill_server { "server" } else { "client" });
+        eprintln!(
+            "kill -9 of the {}: DISCONNECTED after {took:?}",
+            if kill_server { "server" } else { "client" }
+        );
         assert!(took < Duration::from_secs(1), "{took:?}");
     }
 }
@@ -509,8 +526,14 @@ fn role_repair() {
             "garbage",
             Box::new(|| std::fs::write(&data, b"\x00garbage\nm 1 0\n").unwrap()),
         ),
-        ("registry deleted", Box::new(|| std::fs::remove_file(&data).unwrap())),
-        ("lock deleted", Box::new(|| std::fs::remove_file(&lock).unwrap())),
+        (
+            "registry deleted",
+            Box::new(|| std::fs::remove_file(&data).unwrap()),
+        ),
+        (
+            "lock deleted",
+            Box::new(|| std::fs::remove_file(&lock).unwrap()),
+        ),
         (
             "directory deleted",
             // As `rm -rf` run until it succeeds: the members write in it meanwhile.
@@ -610,7 +633,8 @@ fn role_v1_member() {
     };
     assert_eq!(r, 0);
     let u: UdpSocket = s.into();
-    u.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    u.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
     println!("V1 READY");
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let d2 = done.clone();
@@ -664,7 +688,9 @@ fn an_older_version_in_the_group_is_refused_or_outlived() {
     std::thread::sleep(Duration::from_millis(100));
     let mut v1 = spawn_as("role_v1_member", None, &[]);
     v1.line_with("V1 READY");
-    let (a, b) = streamer.join().expect("the pair outlived the older version");
+    let (a, b) = streamer
+        .join()
+        .expect("the pair outlived the older version");
     stream(&a, &b, 5);
     v1.close_stdin();
     assert!(v1.wait());
@@ -685,15 +711,35 @@ fn envelopes_from_another_host_never_reach_a_context() {
     let ns_b = format!("srb{}", std::process::id());
     run(&["ip", "netns", "add", &ns_b]);
     let _cleanup = Cleanup(ns_b.clone());
-    run(&["ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &ns_b]);
-    run(&["ip", "-6", "addr", "add", "fd00::1/64", "dev", "va", "nodad"]);
+    run(&[
+        "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &ns_b,
+    ]);
+    run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd00::1/64",
+        "dev",
+        "va",
+        "nodad",
+    ]);
     run(&["ip", "link", "set", "va", "up"]);
     let inb = |c: &[&str]| {
         let mut v = vec!["ip", "netns", "exec", &ns_b];
         v.extend_from_slice(c);
         run(&v);
     };
-    inb(&["ip", "-6", "addr", "add", "fd00::2/64", "dev", "vb", "nodad"]);
+    inb(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd00::2/64",
+        "dev",
+        "vb",
+        "nodad",
+    ]);
     inb(&["ip", "link", "set", "vb", "up"]);
     inb(&["ip", "link", "set", "lo", "up"]);
     let dev = softrdma::devices()
@@ -709,7 +755,11 @@ fn envelopes_from_another_host_never_reach_a_context() {
             .position(|ip| *ip == "fd00::1".parse::<std::net::IpAddr>().unwrap())
             .unwrap() as u8
     };
-    assert_eq!((gid_index(&a), gid_index(&b)), (0, 0), "an IPv6-only device");
+    assert_eq!(
+        (gid_index(&a), gid_index(&b)),
+        (0, 0),
+        "an IPv6-only device"
+    );
     stream(&a, &b, 2);
     let bmr = b.mr(4096);
     bmr.write(0, &[0u8; 4096]).unwrap();
@@ -738,12 +788,21 @@ fn envelopes_from_another_host_never_reach_a_context() {
             let mut c = std::process::Command::new("ip");
             c.args(["netns", "exec", &ns_b])
                 .arg(shared_bin())
-                .args(["--exact", "role_envelope_attack", "--ignored", "--nocapture"])
+                .args([
+                    "--exact",
+                    "role_envelope_attack",
+                    "--ignored",
+                    "--nocapture",
+                ])
                 .env("SOFTRDMA_TEST_CHILD", "1")
                 .env("SR_MAC", &mac)
                 .env(
                     "SR_PORTS",
-                    ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","),
+                    ports
+                        .iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
                 )
                 .env("SR_QPN", b.qp.qp_num().to_string())
                 .env("SR_RKEY", bmr.rkey().to_string())

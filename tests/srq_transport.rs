@@ -10,7 +10,7 @@ use softrdma::transport::*;
 use softrdma::wire::ipv4::Ipv4Udp;
 use softrdma::wire::{Opcode, Packet, Syndrome, ROCE_V2_PORT};
 
-const ALL: AccessFlags = AccessFlags(0xf);
+const ALL: AccessFlags = AccessFlags::all();
 
 /// Requesters A1, A2 connected to responders B1, B2, which share one SRQ.
 const A: [u32; 2] = [0x11, 0x12];

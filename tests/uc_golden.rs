@@ -3,6 +3,7 @@
 //! RETH), with the ICRC computed here independently (bitwise CRC-32 over the masked headers, as
 //! IBA A17.4.5.1 and rxe_icrc.c define it), then parsed back by the wire layer.
 
+use softrdma::verbs::SendFlags;
 use std::net::Ipv4Addr;
 
 use softrdma::transport::sim::{pattern, send_wr, VecMemory};
@@ -96,7 +97,7 @@ fn uc_send_only() {
     mem.write(mr.addr, b"hello, UC!");
     let mut q = uc_qp();
     let mut wr = send_wr(1, SendOp::Send, vec![mr.sge(0, 10)]);
-    wr.flags.solicited = true;
+    wr.flags.insert(SendFlags::SOLICITED);
     q.post_send(wr).unwrap();
     let mut buf = vec![0u8; 512];
     let n = q.poll_transmit(&mem, &mut buf).unwrap();

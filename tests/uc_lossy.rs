@@ -17,7 +17,7 @@ use softrdma::transport::sim::*;
 use softrdma::transport::*;
 use softrdma::wire::{Packet, Psn};
 
-const ALL: AccessFlags = AccessFlags(0xf);
+const ALL: AccessFlags = AccessFlags::all();
 /// Bytes per message slot in the source, receive and WRITE target regions.
 const SLOT: u64 = 6000;
 /// First PSN of side 0 and side 1: both wrap through 2^24 during the runs.
@@ -133,7 +133,7 @@ fn post_traffic(
             ],
         );
         let solicited = rng.below(2) == 0;
-        wr.flags.solicited = solicited;
+        wr.flags.set(SendFlags::SOLICITED, solicited);
         s.ends[a].qp.post_send(wr).unwrap();
         let npkts = (len.div_ceil(mtu.bytes()) as u32).max(1);
         msgs.push(Msg {

@@ -203,7 +203,7 @@ fn send_builds_deth_packets_and_receive_fills_grh_then_payload() {
         SendOp::SendWithImm { imm: 0xdead_beef },
         vec![p.mr_a.sge(0, 3)],
     );
-    w2.flags.solicited = true;
+    w2.flags.insert(SendFlags::SOLICITED);
     p.a.post_send(w2, dest(0x12, QKEY)).unwrap();
 
     let (b1, t1) = xmit(&mut p);

@@ -111,11 +111,7 @@ fn send_recv_small_large_inline_and_immediate() {
         wr_id: 3,
         op: SendOp::Send,
         sg_list: &[sge(&ma, 0, 7)],
-        flags: SendFlags {
-            signaled: true,
-            inline: true,
-            ..Default::default()
-        },
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
     }])
     .unwrap();
     ma.write(0, b"CHANGED").unwrap();
@@ -309,9 +305,10 @@ fn atomics() {
                 add: 1,
             },
             sg_list: &[sge(&ma, 24, 8)],
-            flags: SendFlags {
-                signaled: i == 49,
-                ..Default::default()
+            flags: if i == 49 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
             },
         }])
         .unwrap();
@@ -590,11 +587,7 @@ fn ping_pong_many() {
                 wr_id: sent,
                 op: SendOp::Send,
                 sg_list: &[sge(&ma, 0, 8)],
-                flags: SendFlags {
-                    signaled: true,
-                    inline: true,
-                    ..Default::default()
-                },
+                flags: SendFlags::SIGNALED | SendFlags::INLINE,
             }])
             .unwrap();
             sent += 1;
@@ -654,11 +647,7 @@ fn channel_wait_and_solicited_events() {
         wr_id: 2,
         op: SendOp::Send,
         sg_list: &[sge(&ma, 0, 8)],
-        flags: SendFlags {
-            signaled: true,
-            solicited: true,
-            ..Default::default()
-        },
+        flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
     }])
     .unwrap();
     assert_eq!(a.wait().status, WcStatus::Success);

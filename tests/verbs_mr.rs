@@ -31,7 +31,9 @@ fn remote_write_or_atomic_needs_local_write() {
         let mr = pd.alloc_mr(64, ok).unwrap();
         assert_eq!(mr.access(), ok);
     }
-    assert!(pd.alloc_mr(64, AccessFlags(1 << 20)).is_err());
+    assert!(pd
+        .alloc_mr(64, AccessFlags::from_bits_retain(1 << 20))
+        .is_err());
 }
 
 #[test]

@@ -207,10 +207,7 @@ fn a_list_of_wrs_stops_at_the_first_bad_one() {
         remote_addr: mb.addr(),
         rkey: mb.rkey(),
     };
-    let sig = SendFlags {
-        signaled: true,
-        ..Default::default()
-    };
+    let sig = SendFlags::SIGNALED;
     let err =
         a.qp.post_send(&[
             SendWr {
@@ -251,11 +248,7 @@ fn a_list_of_wrs_stops_at_the_first_bad_one() {
         length: 8,
         lkey: ma.lkey() ^ 1,
     }];
-    let inl = SendFlags {
-        signaled: true,
-        inline: true,
-        ..Default::default()
-    };
+    let inl = SendFlags::SIGNALED | SendFlags::INLINE;
     let err =
         a.qp.post_send(&[
             SendWr {

@@ -396,7 +396,7 @@ fn registration_checks() {
         // The access-flag rules of register().
         einval(pd.register_raw(p, len, p as u64, AccessFlags::REMOTE_WRITE));
         einval(pd.register_raw(p, len, p as u64, AccessFlags::REMOTE_ATOMIC));
-        einval(pd.register_raw(p, len, p as u64, AccessFlags(1 << 20)));
+        einval(pd.register_raw(p, len, p as u64, AccessFlags::from_bits_retain(1 << 20)));
         // The iova keeps the address's offset within a page.
         einval(pd.register_raw(p, len, p as u64 + 8, ALL));
         einval(pd.register_raw(p, len, p as u64 + page + 1, ALL));
@@ -636,11 +636,7 @@ fn local_wrs_with_a_deregistered_lkey_fail_as_for_owned_regions() {
                 wr_id: 2,
                 op: SendOp::Send,
                 sg_list: &[dead],
-                flags: SendFlags {
-                    signaled: true,
-                    inline: true,
-                    ..Default::default()
-                },
+                flags: SendFlags::SIGNALED | SendFlags::INLINE,
             }])
             .unwrap_err();
         let inline = match e {

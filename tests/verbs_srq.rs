@@ -173,10 +173,7 @@ impl Fan {
                 wr_id: (i * 100 + j) as u64,
                 op: SendOp::Send,
                 sg_list: &[sge(&self.smr, off, MSG)],
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
+                flags: SendFlags::SIGNALED,
             }])
             .unwrap();
     }
@@ -543,10 +540,7 @@ fn a_qp_on_an_srq_entering_error_raises_last_wqe_reached_and_flushes_nothing_of_
                 rkey: 0xdead_beef,
             },
             sg_list: &[sge(&f.smr, 0, 8)],
-            flags: SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: SendFlags::SIGNALED,
         }])
         .unwrap();
     assert_eq!(wait_cq(&f.scq).status, WcStatus::Success, "the first SEND");
@@ -631,10 +625,7 @@ fn ud_qps_on_one_srq_receive_and_completions_name_the_qp() {
                 wr_id: n as u64,
                 op: SendOp::SendWithImm { imm: i as u32 },
                 sg_list: &[sge(&smr, 0, 32)],
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
+                flags: SendFlags::SIGNALED,
                 ah: &ah,
                 remote_qpn: rqps[i].qp_num(),
                 remote_qkey: QKEY,

@@ -187,10 +187,7 @@ fn read_and_atomics_are_refused_with_einval() {
         wr_id: 1,
         op: SendOp::Send,
         sg_list: &[sge(&src, 0, 8)],
-        flags: SendFlags {
-            signaled: true,
-            ..Default::default()
-        },
+        flags: SendFlags::SIGNALED,
     };
     for op in [
         SendOp::RdmaRead {

@@ -130,10 +130,7 @@ impl UdEnd {
             wr_id,
             op,
             sg_list: &[self.sge(off, len)],
-            flags: SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: SendFlags::SIGNALED,
             ah,
             remote_qpn: qpn,
             remote_qkey: qkey,
@@ -270,10 +267,7 @@ fn one_ud_qp_talks_to_two_peers() {
             wr_id: 11,
             op: SendOp::Send,
             sg_list: &[a.sge(100, 4)],
-            flags: SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: SendFlags::SIGNALED,
             ah: &ah_c,
             remote_qpn: c.qp.qp_num(),
             remote_qkey: QKEY,

@@ -263,10 +263,7 @@ impl CmLink {
                     length: data.len() as u32,
                     lkey: self.mr.lkey(),
                 }],
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
+                flags: SendFlags::SIGNALED,
             }])
             .map_err(|e| format!("Function ibv_post_send failed: {e}"))?;
         let wc = Self::wait(&self.send_cq)?;

@@ -822,10 +822,7 @@ fn post_signaled(qp: &QueuePair, wr_id: u64, op: SendOp, sge: &[Sge]) -> Result<
         wr_id,
         op,
         sg_list: sge,
-        flags: SendFlags {
-            signaled: true,
-            ..Default::default()
-        },
+        flags: SendFlags::SIGNALED,
     }])
     .map_err(|e| format!("Couldn't post send: scnt={wr_id}: {e}"))
 }

@@ -136,10 +136,7 @@ pub fn post_send_message(conn: &Connection, msg: &str) {
                 length: BUFFER_SIZE as u32,
                 lkey: conn.send_mr.lkey(),
             }],
-            flags: SendFlags {
-                signaled: true,
-                ..Default::default()
-            },
+            flags: SendFlags::SIGNALED,
         }])
         .unwrap_or_else(|_| die("error: ibv_post_send failed"));
 }

@@ -49,7 +49,7 @@ fn qps() -> Sim {
         mtu: Mtu::Mtu1024,
         ..Default::default()
     });
-    let all = AccessFlags(0xf);
+    let all = AccessFlags::all();
     let lmr = s.ends[1].mem.register(1 << 14, all);
     let rmr = s.ends[0].mem.register(1 << 14, all);
     s.ends[1].mem.write(lmr.addr, &pattern(1, 1 << 14));

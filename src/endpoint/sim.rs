@@ -4,6 +4,7 @@
 //! gets its IPv4 header and ICRC as the driver would give it, crosses the link, and is fed to
 //! the other endpoint as a datagram from the sender's address.
 
+use crate::transport::SendFlags;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -170,7 +171,7 @@ impl DeviceSim {
                     qp_state: Some(QpState::Init),
                     pkey_index: Some(0),
                     port_num: Some(1),
-                    qp_access_flags: Some(AccessFlags(0xf)),
+                    qp_access_flags: Some(AccessFlags::all()),
                     ..Default::default()
                 },
                 QpAttr {
@@ -389,7 +390,7 @@ mod tests {
             let (qa, qb) = (sim.create_rc(0, PD, &cq[0]), sim.create_rc(1, PD, &cq[1]));
             sim.connect_rc(qa, qb);
             let len = 64 << 10;
-            let all = AccessFlags(0xf);
+            let all = AccessFlags::all();
             let (ka, aa) = sim.register(0, PD, len, all);
             let (kb, ab) = sim.register(1, PD, len, all);
             let data = pattern(seed, 3000);
@@ -415,7 +416,7 @@ mod tests {
             sim.post_send(0, qa, send_wr(3, read, vec![sge(ka, aa + 20_000, 3000)]));
             // Fenced: it sends what the READ brought back (IBA 10.8.3.3).
             let mut fenced = send_wr(4, SendOp::Send, vec![sge(ka, aa + 20_000, 3000)]);
-            fenced.flags.fence = true;
+            fenced.flags.insert(SendFlags::FENCE);
             sim.post_send(0, qa, fenced);
             let mut got = [Vec::new(), Vec::new()];
             let done = sim.run_until(200_000, |s| {
@@ -462,8 +463,8 @@ mod tests {
         let cq = [sim.create_cq(0, 64), sim.create_cq(1, 64)];
         let (qa, qb) = (sim.create_rc(0, PD, &cq[0]), sim.create_rc(1, PD, &cq[1]));
         sim.connect_rc(qa, qb);
-        let (ka, aa) = sim.register(0, PD, 4096, AccessFlags(0xf));
-        let (kb, ab) = sim.register(1, PD, 4096, AccessFlags(0xf));
+        let (ka, aa) = sim.register(0, PD, 4096, AccessFlags::all());
+        let (kb, ab) = sim.register(1, PD, 4096, AccessFlags::all());
         sim.write(0, PD, ka, aa, &[0x5a; 512]);
         sim.post_recv(1, qb, recv_wr(9, vec![sge(kb, ab, 4096)]));
         // Take the SEND off the link and deliver it with one payload bit flipped.

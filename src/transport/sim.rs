@@ -764,10 +764,7 @@ pub fn send_wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWqe {
     SendWqe {
         wr_id,
         op,
-        flags: SendFlags {
-            signaled: true,
-            ..Default::default()
-        },
+        flags: SendFlags::SIGNALED,
         sg_list: sg_list.into(),
         inline_data: Vec::new(),
     }
@@ -872,7 +869,7 @@ pub fn write_stream(seed: u64, cfg: LinkConfig, o: StreamOpts, max_steps: u64) -
         ..Default::default()
     });
     let slots = if o.verify { o.messages as usize } else { 1 };
-    let all = AccessFlags(0xf);
+    let all = AccessFlags::all();
     let src = s.ends[0].mem.register(slots * o.msg_len, all);
     let dst = s.ends[1].mem.register(slots * o.msg_len, all);
     if o.verify {

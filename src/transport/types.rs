@@ -2,38 +2,32 @@
 //! completions, QP states and attributes. Names and meanings follow libibverbs.
 
 use super::sglist::SgList;
-use std::ops::{BitOr, BitOrAssign};
 
-/// Memory access rights of a memory region or a QP (`IBV_ACCESS_*`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
-pub struct AccessFlags(pub u32);
+bitflags::bitflags! {
+    /// Memory access rights of a memory region or a QP (`IBV_ACCESS_*`, same bits).
+    ///
+    /// ```
+    /// use softrdma::verbs::AccessFlags;
+    /// let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    /// assert!(rw.contains(AccessFlags::REMOTE_READ));
+    /// assert_eq!(format!("{rw:?}"), "AccessFlags(LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ)");
+    /// ```
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct AccessFlags: u32 {
+        /// The local side may write (receives, READ responses, atomics' results land here).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA WRITE into it.
+        const REMOTE_WRITE = 1 << 1;
+        /// Peers may RDMA READ from it.
+        const REMOTE_READ = 1 << 2;
+        /// Peers may run atomics on it.
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
 
 impl AccessFlags {
-    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1);
-    pub const REMOTE_WRITE: AccessFlags = AccessFlags(1 << 1);
-    pub const REMOTE_READ: AccessFlags = AccessFlags(1 << 2);
-    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(1 << 3);
-    pub const NONE: AccessFlags = AccessFlags(0);
-
-    pub const fn contains(self, other: AccessFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-}
-
-impl BitOr for AccessFlags {
-    type Output = AccessFlags;
-    fn bitor(self, o: AccessFlags) -> AccessFlags {
-        AccessFlags(self.0 | o.0)
-    }
-}
-
-impl BitOrAssign for AccessFlags {
-    fn bitor_assign(&mut self, o: AccessFlags) {
-        self.0 |= o.0;
-    }
+    /// No access beyond local reads (`0`).
+    pub const NONE: AccessFlags = AccessFlags::empty();
 }
 
 /// One scatter/gather element (`struct ibv_sge`): `length` bytes at virtual address `addr` of
@@ -45,17 +39,21 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// Send work request flags (`IBV_SEND_*`).
-#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
-pub struct SendFlags {
-    /// Generate a completion even on a QP created with `sq_sig_all = false`.
-    pub signaled: bool,
-    /// Set the solicited-event bit on the last packet (SEND and WRITE_WITH_IMM).
-    pub solicited: bool,
-    /// Wait for all prior READs and atomics to complete before starting (IBA 10.8.3.3).
-    pub fence: bool,
-    /// The data is in [`SendWqe::inline_data`], copied at post time; `sg_list` is ignored.
-    pub inline: bool,
+bitflags::bitflags! {
+    /// Send work request flags (`IBV_SEND_*`, same bits). An empty set on a QP created with
+    /// `sq_sig_all = false` gives no completion for a successful request, as in libibverbs; the
+    /// work-request builders (`QueuePair::send` and friends) signal by default.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct SendFlags: u32 {
+        /// Wait for all prior READs and atomics to complete before starting (IBA 10.8.3.3).
+        const FENCE = 1;
+        /// Generate a completion even on a QP created with `sq_sig_all = false`.
+        const SIGNALED = 1 << 1;
+        /// Set the solicited-event bit on the last packet (SEND and WRITE_WITH_IMM).
+        const SOLICITED = 1 << 2;
+        /// The data is in [`SendWqe::inline_data`], copied at post time; `sg_list` is ignored.
+        const INLINE = 1 << 3;
+    }
 }
 
 /// What a send work request does, with its operation-specific fields.
@@ -98,14 +96,14 @@ pub struct SendWqe {
     pub op: SendOp,
     pub flags: SendFlags,
     pub sg_list: SgList,
-    /// Inline payload copied at post time (when `flags.inline`).
+    /// Inline payload copied at post time (when `flags.contains(SendFlags::INLINE)`).
     pub inline_data: Vec<u8>,
 }
 
 impl SendWqe {
     /// Total bytes the request moves (sum of SGE lengths, or the inline length).
     pub fn length(&self) -> u64 {
-        if self.flags.inline {
+        if self.flags.contains(SendFlags::INLINE) {
             self.inline_data.len() as u64
         } else {
             self.sg_list.iter().map(|s| s.length as u64).sum()

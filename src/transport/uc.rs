@@ -619,7 +619,7 @@ mod tests {
 
     #[test]
     fn read_and_atomics_are_refused_at_post() {
-        let mut q = rts(Mtu::Mtu1024, AccessFlags(0xf));
+        let mut q = rts(Mtu::Mtu1024, AccessFlags::all());
         let sge = Sge {
             addr: 0,
             length: 8,
@@ -705,7 +705,7 @@ mod tests {
 
     #[test]
     fn out_of_sequence_opcodes_drop_the_message() {
-        let (mem, _, mut q) = with_recv(AccessFlags(0xf), AccessFlags::REMOTE_WRITE);
+        let (mem, _, mut q) = with_recv(AccessFlags::all(), AccessFlags::REMOTE_WRITE);
         let d = pattern(2, 600);
         // A WRITE packet in the middle of a SEND, at the expected PSN.
         feed(&mut q, &mem, Opcode::UC_SEND_FIRST, 10, &d[..256], None);
@@ -724,7 +724,7 @@ mod tests {
     fn write_access_and_length_errors_drop_silently() {
         let mem = VecMemory::new();
         let ro = mem.register(4096, AccessFlags::REMOTE_READ);
-        let rw = mem.register(4096, AccessFlags(0xf));
+        let rw = mem.register(4096, AccessFlags::all());
         let mut q = rts(Mtu::Mtu256, AccessFlags::REMOTE_WRITE);
         let d = pattern(4, 300);
         let reth = |mr: &crate::transport::sim::MemRegion, len: u32| {
@@ -782,7 +782,7 @@ mod tests {
     #[test]
     fn write_with_imm_needs_a_receive_wqe() {
         let mem = VecMemory::new();
-        let rw = mem.register(4096, AccessFlags(0xf));
+        let rw = mem.register(4096, AccessFlags::all());
         let mut q = rts(Mtu::Mtu256, AccessFlags::REMOTE_WRITE);
         let reth = Some(Reth {
             va: rw.addr,
@@ -878,7 +878,7 @@ mod tests {
     #[test]
     fn on_an_srq_a_broken_message_completes_its_wqe_in_error() {
         let mem = VecMemory::new();
-        let mr = mem.register(8192, AccessFlags(0xf));
+        let mr = mem.register(8192, AccessFlags::all());
         let mut q = rts_srq(AccessFlags::REMOTE_WRITE);
         assert!(q.uses_srq());
         assert_eq!(

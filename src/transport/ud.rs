@@ -436,7 +436,7 @@ impl UdQp {
         if self.sq.len() + self.send_pending >= self.caps.max_send_wr as usize {
             return Err(PostError::QueueFull);
         }
-        let signaled = wqe.flags.signaled || self.sq_sig_all;
+        let signaled = wqe.flags.contains(SendFlags::SIGNALED) || self.sq_sig_all;
         if self.state == QpState::Err {
             let wc = send_wc(&wqe, WcStatus::WrFlushErr);
             self.push(wc, None);
@@ -625,7 +625,7 @@ impl UdQp {
         buf: &mut [u8],
     ) -> Result<usize, EmitFail> {
         let len = payload.len();
-        if p.wqe.flags.inline {
+        if p.wqe.flags.contains(SendFlags::INLINE) {
             payload.copy_from_slice(&p.wqe.inline_data);
         } else if gather_all(&p.wqe.sg_list, payload, mem).is_err() {
             return Err(EmitFail::Gather);
@@ -635,7 +635,7 @@ impl UdQp {
             _ => (Opcode::UD_SEND_ONLY, None),
         };
         let mut b = Bth::new(opcode, p.dest.remote_qpn, self.sq_psn);
-        b.solicited = p.wqe.flags.solicited;
+        b.solicited = p.wqe.flags.contains(SendFlags::SOLICITED);
         b.pad_count = Bth::pad_for(len);
         self.sq_psn = self.sq_psn.add(1);
         let qkey = if p.dest.remote_qkey & 0x8000_0000 != 0 {

@@ -22,6 +22,7 @@ mod pd;
 mod qp;
 mod srq;
 
+pub use crate::driver::share::ShareError;
 pub use crate::endpoint::events::AsyncEvent;
 pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;
@@ -30,7 +31,6 @@ pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{
     devices, gid_from_ipv4, ipv4_from_gid, AtomicCap, Device, DeviceAttr, PortAttr, PortState,
 };
-pub use crate::driver::share::ShareError;
 pub use error::{Result, VerbsError};
 pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;

@@ -265,12 +265,7 @@ mod tests {
     use super::*;
     use crate::transport::{AtomicOp, MemError, MemoryAccess};
 
-    const ALL: AccessFlags = AccessFlags(
-        AccessFlags::LOCAL_WRITE.0
-            | AccessFlags::REMOTE_WRITE.0
-            | AccessFlags::REMOTE_READ.0
-            | AccessFlags::REMOTE_ATOMIC.0,
-    );
+    const ALL: AccessFlags = AccessFlags::all();
 
     /// Deregistration waits for the copies in flight: a thread copies into and out of a raw
     /// region through the table as fast as it can (as the transport does, with any key it was

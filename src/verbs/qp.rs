@@ -371,7 +371,9 @@ impl QueuePair {
     ) -> Result<()> {
         self.with_posting(true, |s| {
             for (index, (wqe, ud)) in wqes.into_iter().enumerate() {
-                if wqe.flags.inline && wqe.inline_data.len() > self.caps.max_inline_data as usize {
+                if wqe.flags.contains(SendFlags::INLINE)
+                    && wqe.inline_data.len() > self.caps.max_inline_data as usize
+                {
                     return Err(VerbsError::Post {
                         index,
                         error: PostError::InlineTooLong {
@@ -424,7 +426,7 @@ impl QueuePair {
         flags: SendFlags,
     ) -> Result<SendWqe> {
         let mut inline_data = Vec::new();
-        if flags.inline {
+        if flags.contains(SendFlags::INLINE) {
             let total: usize = sg_list.iter().map(|s| s.length as usize).sum();
             if total > self.caps.max_inline_data as usize {
                 return Err(VerbsError::Post {

@@ -17,12 +17,7 @@ use softrdma::verbs::{
 /// Failure bound for waits: generous, so a loaded machine never trips it.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-pub const ALL: AccessFlags = AccessFlags(
-    AccessFlags::LOCAL_WRITE.0
-        | AccessFlags::REMOTE_WRITE.0
-        | AccessFlags::REMOTE_READ.0
-        | AccessFlags::REMOTE_ATOMIC.0,
-);
+pub const ALL: AccessFlags = AccessFlags::all();
 
 /// The loopback device (`srxe0`).
 pub fn loopback_ctx() -> Context {
@@ -69,10 +64,7 @@ impl End {
                 wr_id,
                 op,
                 sg_list: sges,
-                flags: SendFlags {
-                    signaled: true,
-                    ..Default::default()
-                },
+                flags: SendFlags::SIGNALED,
             }])
             .unwrap();
     }

@@ -116,7 +116,7 @@ fn reg(
     if addr.is_null() && length != 0 {
         return fail_null(libc::EINVAL);
     }
-    let flags = AccessFlags(access & 0xf);
+    let flags = AccessFlags::from_bits_retain(access & 0xf);
     // SAFETY: ibv_reg_mr's contract is the one register_raw states: the program keeps
     // [addr, addr + length) mapped until ibv_dereg_mr returns, and the device may read and
     // write it meanwhile.

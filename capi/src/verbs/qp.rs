@@ -274,7 +274,8 @@ fn attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<QpAttr, i32> {
         r.cur_qp_state = Some(state(a.cur_qp_state).ok_or(libc::EINVAL)?);
     }
     r.sq_draining = has(IBV_QP_EN_SQD_ASYNC_NOTIFY).then_some(a.en_sqd_async_notify != 0);
-    r.qp_access_flags = has(IBV_QP_ACCESS_FLAGS).then_some(AccessFlags(a.qp_access_flags & 0xf));
+    r.qp_access_flags =
+        has(IBV_QP_ACCESS_FLAGS).then_some(AccessFlags::from_bits_retain(a.qp_access_flags & 0xf));
     r.pkey_index = has(IBV_QP_PKEY_INDEX).then_some(a.pkey_index);
     r.port_num = has(IBV_QP_PORT).then_some(a.port_num);
     r.qkey = has(IBV_QP_QKEY).then_some(a.qkey);

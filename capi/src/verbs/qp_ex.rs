@@ -3,6 +3,7 @@
 //! `wr_set_inline_data*`) and, on UD, `wr_set_ud_addr`; `wr_complete` posts the batch,
 //! `wr_abort` drops it.
 
+use softrdma::verbs::SendFlags;
 use softrdma::verbs::{SendOp, SendWqe};
 
 use super::ah::Ah;
@@ -260,7 +261,7 @@ fn set_inline(qp: *mut ibv_qp_ex, bufs: &[(*const u8, usize)]) {
             b.error = libc::EINVAL;
             return;
         }
-        p.wqe.flags.inline = true;
+        p.wqe.flags.insert(SendFlags::INLINE);
         p.wqe.inline_data.clear();
         for &(addr, len) in bufs {
             if len == 0 {

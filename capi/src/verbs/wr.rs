@@ -12,12 +12,12 @@ use crate::handle::Handle;
 pub(crate) type WrError = i32;
 
 pub(crate) fn send_flags(f: u32) -> SendFlags {
-    SendFlags {
-        signaled: f & IBV_SEND_SIGNALED != 0,
-        solicited: f & IBV_SEND_SOLICITED != 0,
-        fence: f & IBV_SEND_FENCE != 0,
-        inline: f & IBV_SEND_INLINE != 0,
-    }
+    let mut flags = SendFlags::empty();
+    flags.set(SendFlags::SIGNALED, f & IBV_SEND_SIGNALED != 0);
+    flags.set(SendFlags::SOLICITED, f & IBV_SEND_SOLICITED != 0);
+    flags.set(SendFlags::FENCE, f & IBV_SEND_FENCE != 0);
+    flags.set(SendFlags::INLINE, f & IBV_SEND_INLINE != 0);
+    flags
 }
 
 /// The SGEs of a WR.
@@ -118,7 +118,7 @@ pub(crate) unsafe fn send_wqe<'a>(
     let flags = send_flags(wr.send_flags);
     // SAFETY: per the contract.
     let s = unsafe { sges(wr.sg_list, wr.num_sge) }?;
-    let inline_data = if flags.inline {
+    let inline_data = if flags.contains(SendFlags::INLINE) {
         // SAFETY: per the contract.
         unsafe { gather_inline(s, max_inline) }?
     } else {
@@ -128,7 +128,7 @@ pub(crate) unsafe fn send_wqe<'a>(
         wr_id: wr.wr_id,
         op,
         flags,
-        sg_list: if flags.inline {
+        sg_list: if flags.contains(SendFlags::INLINE) {
             SgList::default()
         } else {
             to_sges(s)

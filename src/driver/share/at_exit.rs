@@ -37,9 +37,7 @@ pub(super) fn unregister(share: &Inner) -> bool {
 fn inode(fd: i32) -> Option<(u64, u64)> {
     // SAFETY: `fd` is a live file of this process for the duration of this call.
     let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    rustix::fs::fstat(b)
-        .ok()
-        .map(|st| (st.st_dev, st.st_ino))
+    rustix::fs::fstat(b).ok().map(|st| (st.st_dev, st.st_ino))
 }
 
 extern "C" fn on_exit() {
@@ -53,7 +51,10 @@ extern "C" fn on_exit() {
     // One flock per lock file (several shares on one address share it), taken on the file's
     // lowest fd: it is kept until the process's files are released, and that fd, below every
     // socket of those shares (unless a repair opened it anew), is released after all of them.
-    let fds: Vec<i32> = shares.iter().map(|s| guard(&s.held).reg.as_raw_fd()).collect();
+    let fds: Vec<i32> = shares
+        .iter()
+        .map(|s| guard(&s.held).reg.as_raw_fd())
+        .collect();
     let mut locked: Vec<(u64, u64)> = Vec::new();
     for &fd in &fds {
         let Some(id) = inode(fd) else { continue };

@@ -140,9 +140,7 @@ impl Share {
             std::thread::sleep(Duration::from_millis(20));
         };
         let live: Vec<usize> = (0..n).filter(|i| refused[*i].is_none()).collect();
-        let start = live
-            .first()
-            .map_or(1, |i| layouts[*i].next_slot.max(1)) as usize;
+        let start = live.first().map_or(1, |i| layouts[*i].next_slot.max(1)) as usize;
         let live_regs: Vec<&File> = live.iter().map(|i| &regs[*i]).collect();
         let slot = (0..MAX_SLOTS)
             .map(|k| ((start - 1 + k) % MAX_SLOTS + 1) as u8)

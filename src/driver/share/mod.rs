@@ -67,9 +67,9 @@ use dir::StateDir;
 pub use error::ShareError;
 pub(crate) use join::Joiner;
 use lock::Locked;
-pub(crate) use registry::{Layout, Names};
 #[cfg(test)]
 pub(crate) use registry::Member;
+pub(crate) use registry::{Layout, Names};
 
 /// Slots per address: the top byte of a QPN (0 is QP0/QP1's).
 pub(crate) const MAX_SLOTS: usize = 255;
@@ -368,9 +368,7 @@ impl Share {
     pub fn forward_path(&self, slot: u8) -> Option<PathBuf> {
         let me = &self.inner;
         self.cached(|l| l.member(slot).map(|_| ()))?;
-        guard(&me.held)
-            .dir
-            .socket_path(&me.names.forward(slot))
+        guard(&me.held).dir.socket_path(&me.names.forward(slot))
     }
 
     /// The slot of another member that listens on rdma_cm `port` now, read from the registry
@@ -378,8 +376,7 @@ impl Share {
     /// the kernel's hash could have).
     pub fn listener_slot(&self, port: u16) -> Option<u8> {
         let slot = self.inner.slot;
-        self.cached(|l| l.port_owner(port))
-            .filter(|s| *s != slot)
+        self.cached(|l| l.port_owner(port)).filter(|s| *s != slot)
     }
 
     /// Change this member's rdma_cm ports under the lock and steer again. Fails with

@@ -73,8 +73,7 @@ impl Layout {
                     let ports = f
                         .map(|p| p.parse::<u16>().map_err(|_| Damaged))
                         .collect::<Result<Vec<_>, _>>()?;
-                    if slot == 0 || slot > 255 || index > u32::MAX as u64 || pid > u32::MAX as u64
-                    {
+                    if slot == 0 || slot > 255 || index > u32::MAX as u64 || pid > u32::MAX as u64 {
                         return Err(Damaged);
                     }
                     if l.members.iter().any(|m| m.slot == slot as u8) {

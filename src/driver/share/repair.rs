@@ -144,14 +144,20 @@ impl Share {
                 // program replaced ours: a flow the kernel's hash gives it loses every
                 // retransmission until then).
                 fine &= w.unknown.is_empty();
-                fine &= !l
-                    .members
-                    .iter()
-                    .any(|m| m.slot != me.slot && !k.contains(&m.inode) && !lock::slot_held(reg, m.slot));
+                fine &= !l.members.iter().any(|m| {
+                    m.slot != me.slot && !k.contains(&m.inode) && !lock::slot_held(reg, m.slot)
+                });
             }
             let slots: Vec<u8> = l.members.iter().map(|m| m.slot).collect();
-            let died: Vec<u8> = w.slots.iter().copied().filter(|s| !slots.contains(s)).collect();
-            let scan_due = w.last_scan.map_or(true, |t| now.duration_since(t) >= ORPHAN_SCAN);
+            let died: Vec<u8> = w
+                .slots
+                .iter()
+                .copied()
+                .filter(|s| !slots.contains(s))
+                .collect();
+            let scan_due = w
+                .last_scan
+                .map_or(true, |t| now.duration_since(t) >= ORPHAN_SCAN);
             // Only while every socket of the group is listed: a live member that is putting
             // itself back after damage must not lose its connections.
             let all_listed = kernel.is_some() && w.unknown.is_empty();
@@ -178,7 +184,10 @@ impl Share {
         };
         if !lock_ok {
             if let Err(e) = self.reopen() {
-                warn_once(me, &format!("cannot repair the registry of {}: {e}", me.addr));
+                warn_once(
+                    me,
+                    &format!("cannot repair the registry of {}: {e}", me.addr),
+                );
                 return out;
             }
         }

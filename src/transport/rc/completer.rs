@@ -411,7 +411,7 @@ mod tests {
                     lkey: 1,
                 }],
             );
-            w.flags.signaled = *sig;
+            w.flags.set(SendFlags::SIGNALED, *sig);
             req.sq.push_back(SendEntry::new(w, *sig, 256));
         }
         // Pretend everything was sent.

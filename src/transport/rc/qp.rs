@@ -390,7 +390,7 @@ impl RcQp {
             wqe.op,
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
         );
-        if wqe.flags.inline && rd_atomic {
+        if wqe.flags.contains(SendFlags::INLINE) && rd_atomic {
             return Err(PostError::UnsupportedOp);
         }
         let len = check_send_wqe(&wqe, &self.core.caps)?;
@@ -753,7 +753,7 @@ impl RcQp {
 
 /// A send WR's inline data or gather list against the QP's caps (RC and UD).
 pub(crate) fn check_send_lists(wqe: &SendWqe, caps: &QpCaps) -> Result<(), PostError> {
-    if wqe.flags.inline {
+    if wqe.flags.contains(SendFlags::INLINE) {
         if wqe.inline_data.len() > caps.max_inline_data as usize {
             return Err(PostError::InlineTooLong {
                 got: wqe.inline_data.len(),
@@ -833,7 +833,7 @@ impl Cq {
         if req.sq.len() + self.send_pending >= caps.max_send_wr as usize {
             return Err(PostError::QueueFull);
         }
-        let signaled = wqe.flags.signaled || sig_all;
+        let signaled = wqe.flags.contains(SendFlags::SIGNALED) || sig_all;
         let e = SendEntry::new(wqe, signaled, mtu);
         if state == QpState::Err {
             complete(&e, WcStatus::WrFlushErr, true, &mut |c| self.push(c));

@@ -311,7 +311,7 @@ impl Requester {
             }
             let prior = self.sq.iter().take(idx);
             // IBA 10.8.3.3: a fenced WQE waits for every prior READ and atomic to complete.
-            if e.wqe.flags.fence && prior.clone().any(|x| x.is_rd_atomic()) {
+            if e.wqe.flags.contains(SendFlags::FENCE) && prior.clone().any(|x| x.is_rd_atomic()) {
                 return None;
             }
             // IBA 9.5 / o9-20: at most max_rd_atomic READ/atomic requests outstanding.
@@ -401,7 +401,7 @@ impl Requester {
             || window_ack;
         // The SE bit goes on the last packet of a SEND or RDMA WRITE with immediate (IBA 9.2.2).
         bth.solicited = ends
-            && e.wqe.flags.solicited
+            && e.wqe.flags.contains(SendFlags::SOLICITED)
             && matches!(
                 e.wqe.op,
                 SendOp::Send | SendOp::SendWithImm { .. } | SendOp::RdmaWriteWithImm { .. }
@@ -507,7 +507,7 @@ pub(crate) fn gather(
     dst: &mut [u8],
     mem: &dyn MemoryAccess,
 ) -> Result<(), MemError> {
-    if e.wqe.flags.inline && !dst.is_empty() {
+    if e.wqe.flags.contains(SendFlags::INLINE) && !dst.is_empty() {
         let src = e
             .wqe
             .inline_data
@@ -653,7 +653,7 @@ mod tests {
             },
             vec![mr.sge(0, 700)],
         );
-        w.flags.solicited = true;
+        w.flags.insert(SendFlags::SOLICITED);
         req.sq.push_back(SendEntry::new(w, true, 256));
         let pk = packets(&mut req, &mem);
         assert_eq!(pk.len(), 3);
@@ -780,7 +780,7 @@ mod tests {
         // max_rd_atomic = 2: the third atomic waits.
         assert_eq!(packets(&mut req, &mem).len(), 2);
         let mut fenced = send_wr(9, SendOp::Send, vec![]);
-        fenced.flags.fence = true;
+        fenced.flags.insert(SendFlags::FENCE);
         let mut req2 = Requester::default();
         req2.sq.push_back(SendEntry::new(
             send_wr(
@@ -808,10 +808,7 @@ mod tests {
         let inline = SendWqe {
             wr_id: 1,
             op: SendOp::Send,
-            flags: SendFlags {
-                inline: true,
-                ..Default::default()
-            },
+            flags: SendFlags::INLINE,
             sg_list: vec![].into(),
             inline_data: vec![0; 256 * 200],
         };

@@ -634,7 +634,7 @@ mod tests {
     const P: RespParams = RespParams {
         mtu: 256,
         dest_qpn: 0x77,
-        access: AccessFlags(0xf),
+        access: AccessFlags::all(),
         max_dest_rd_atomic: 4,
         min_rnr_timer: 3,
     };
@@ -708,7 +708,7 @@ mod tests {
     #[test]
     fn coalesces_acks_and_reacks_duplicates_without_executing() {
         let mut t = T::new();
-        let mr = t.mem.register(256, AccessFlags(0xf));
+        let mr = t.mem.register(256, AccessFlags::all());
         t.feed(write(10, mr.addr, mr.rkey, &[1; 16]));
         t.feed(write(11, mr.addr + 16, mr.rkey, &[2; 16]));
         // One ACK for the highest PSN.
@@ -733,7 +733,7 @@ mod tests {
         // As rxe: a plain WRITE message without AckReq gets no ACK (a split WRITE asks on its
         // last packet only); a SEND is acknowledged at its end whether it asks or not.
         let mut t = T::new();
-        let mr = t.mem.register(256, AccessFlags(0xf));
+        let mr = t.mem.register(256, AccessFlags::all());
         let mut w = write(10, mr.addr, mr.rkey, &[1; 16]);
         w.bth.ack_req = false;
         t.feed(w);
@@ -762,7 +762,7 @@ mod tests {
     #[test]
     fn one_sequence_nak_per_gap() {
         let mut t = T::new();
-        let mr = t.mem.register(256, AccessFlags(0xf));
+        let mr = t.mem.register(256, AccessFlags::all());
         for psn in [12, 13, 14] {
             t.feed(write(psn, mr.addr, mr.rkey, &[1; 4]));
         }
@@ -798,7 +798,7 @@ mod tests {
     #[test]
     fn rnr_nak_every_attempt_without_receive() {
         let mut t = T::new();
-        let mr = t.mem.register(256, AccessFlags(0xf));
+        let mr = t.mem.register(256, AccessFlags::all());
         let mut b = Bth::new(Opcode::RC_SEND_ONLY, 1, Psn::new(10));
         b.ack_req = true;
         for _ in 0..2 {
@@ -834,7 +834,7 @@ mod tests {
     #[test]
     fn duplicate_read_is_reexecuted_from_its_offset() {
         let mut t = T::new();
-        let mr = t.mem.register(1000, AccessFlags(0xf));
+        let mr = t.mem.register(1000, AccessFlags::all());
         let data = pattern(3, 1000);
         t.mem.write(mr.addr, &data);
         let p = read(10, mr.addr, mr.rkey, 1000);
@@ -874,7 +874,7 @@ mod tests {
     #[test]
     fn duplicate_atomic_replays_without_executing() {
         let mut t = T::new();
-        let mr = t.mem.register(64, AccessFlags(0xf));
+        let mr = t.mem.register(64, AccessFlags::all());
         t.mem.write(mr.addr, &40u64.to_ne_bytes());
         let mut p = Packet::new(Bth::new(Opcode::RC_FETCH_ADD, 1, Psn::new(10)), &[]);
         p.atomic_eth = Some(AtomicEth {
@@ -901,7 +901,7 @@ mod tests {
     #[test]
     fn multi_packet_send_and_length_error() {
         let mut t = T::new();
-        let mr = t.mem.register(1024, AccessFlags(0xf));
+        let mr = t.mem.register(1024, AccessFlags::all());
         t.r.rq.push_back(RecvWqe {
             wr_id: 1,
             sg_list: vec![mr.sge(0, 300), mr.sge(500, 300)].into(),
@@ -950,7 +950,7 @@ mod tests {
     #[test]
     fn write_with_imm_without_receive_is_rnr_naked_and_resumes_at_its_last() {
         let mut t = T::new();
-        let mr = t.mem.register(1024, AccessFlags(0xf));
+        let mr = t.mem.register(1024, AccessFlags::all());
         let d = pattern(5, 300);
         let mut first = Packet::new(
             Bth::new(Opcode::RC_RDMA_WRITE_FIRST, 1, Psn::new(10)),
@@ -999,7 +999,7 @@ mod tests {
     #[test]
     fn a_fatal_error_completes_the_held_receive_and_naks() {
         let mut t = T::new();
-        let mr = t.mem.register(1024, AccessFlags(0xf));
+        let mr = t.mem.register(1024, AccessFlags::all());
         t.r.rq.push_back(RecvWqe {
             wr_id: 4,
             sg_list: vec![mr.sge(0, 1024)].into(),
@@ -1023,7 +1023,7 @@ mod tests {
         );
         // A misaligned atomic and a READ the QP does not allow.
         let mut t = T::new();
-        let mr = t.mem.register(64, AccessFlags(0xf));
+        let mr = t.mem.register(64, AccessFlags::all());
         let mut a = Packet::new(Bth::new(Opcode::RC_FETCH_ADD, 1, Psn::new(10)), &[]);
         a.atomic_eth = Some(AtomicEth {
             va: mr.addr + 4,
