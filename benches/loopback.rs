@@ -73,7 +73,7 @@ fn end(ctx: Context) -> End {
         let p = buf.as_mut_ptr();
         // SAFETY: `buf` lives in the same `End`, dropped after the region; the bench never
         // touches it otherwise.
-        let mr = unsafe { pd.register_raw(p, BW_LEN, p as u64, all) }.unwrap();
+        let mr = unsafe { pd.register_raw_iova(p, BW_LEN, p as u64, all) }.unwrap();
         (mr, Some(buf))
     } else {
         (pd.alloc_mr(BW_LEN, all).unwrap(), None)

@@ -132,7 +132,8 @@ impl Side {
         // SAFETY: the buffer is leaked (never freed, never moved) and this program holds no
         // reference into it: every access goes through the region (`read`/`write`).
         let mr =
-            unsafe { pd.register_raw(buf.as_mut_ptr(), BW_LEN, buf.as_ptr() as u64, ALL) }.unwrap();
+            unsafe { pd.register_raw_iova(buf.as_mut_ptr(), BW_LEN, buf.as_ptr() as u64, ALL) }
+                .unwrap();
         let rss_before_qps = rss_kb();
         let qps = (0..nqp)
             .map(|i| {

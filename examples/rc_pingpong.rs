@@ -242,7 +242,7 @@ fn init_ctx(o: &Opts) -> Result<Pingpong, String> {
     let mr = pd
         .alloc_mr(o.size.max(1), AccessFlags::LOCAL_WRITE)
         .map_err(|e| format!("Couldn't register MR: {e}"))?;
-    mr.lock().fill(0x7b);
+    mr.lock().expect("an owned region").fill(0x7b);
     let cq = ctx
         .create_cq(o.rx_depth as u32 + 1, channel.as_ref())
         .map_err(|e| format!("Couldn't create CQ: {e}"))?;

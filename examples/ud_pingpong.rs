@@ -214,14 +214,14 @@ impl Pingpong {
     /// `-c`: what `ibv_ud_pingpong` writes before a send and checks after a receive, one byte
     /// per page of the payload: `i / page_size % sizeof(char)`, which is always 0.
     fn fill_pattern(&self) {
-        let mut g = self.mr.lock();
+        let mut g = self.mr.lock().expect("an owned region");
         for i in (0..self.size).step_by(PAGE_SIZE) {
             g[GRH_LEN + i] = 0;
         }
     }
 
     fn check_pattern(&self) -> bool {
-        let g = self.mr.lock();
+        let g = self.mr.lock().expect("an owned region");
         (0..self.size)
             .step_by(PAGE_SIZE)
             .all(|i| g[GRH_LEN + i] == 0)
@@ -261,7 +261,7 @@ fn init_ctx(o: &Opts) -> Result<Pingpong, String> {
     let mr = pd
         .alloc_mr(o.size + GRH_LEN, AccessFlags::LOCAL_WRITE)
         .map_err(|e| format!("Couldn't register MR: {e}"))?;
-    mr.lock().fill(0x7b);
+    mr.lock().expect("an owned region").fill(0x7b);
     let cq = ctx
         .create_cq(o.rx_depth as u32 + 1, channel.as_ref())
         .map_err(|e| format!("Couldn't create CQ: {e}"))?;

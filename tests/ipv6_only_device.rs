@@ -59,7 +59,7 @@ fn an_ipv6_only_device_works_over_ipv6() {
     assert_eq!(a.wait().status, WcStatus::Success);
     let wc = b.wait();
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 7));
-    assert_eq!(&mb.lock()[..7], b"v6 only");
+    assert_eq!(&mb.lock().unwrap()[..7], b"v6 only");
     let st = b.ctx.stats().unwrap();
     assert!(st.rx_icrc_v6 > 0 && st.rx_icrc_id0 == 0, "{st:?}");
 }

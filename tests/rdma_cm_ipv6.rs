@@ -214,7 +214,10 @@ fn rping_like_connection_over_ipv6() {
         }])
         .unwrap();
     assert_eq!(wait_cq(&c.r.cq).status, WcStatus::Success);
-    assert_eq!(&c.r.mr.lock()[2000..2021], b"written by the client");
+    assert_eq!(
+        &c.r.mr.lock().unwrap()[2000..2021],
+        b"written by the client"
+    );
     assert!(sid.context().unwrap().stats().unwrap().rx_icrc_v6 > before);
 
     c.id.disconnect().unwrap();
@@ -262,7 +265,7 @@ fn an_id_bound_to_the_ipv6_wildcard_takes_ipv4_and_ipv6_clients() {
         assert_eq!(wait_cq(&sr.cq).status, WcStatus::Success);
         let wc = wait_cq(&c.r.cq);
         assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 17));
-        assert_eq!(&c.r.mr.lock()[..17], b"over the wildcard");
+        assert_eq!(&c.r.mr.lock().unwrap()[..17], b"over the wildcard");
         let av = sr.qp.query().unwrap().ah_attr.unwrap();
         assert_eq!(
             softrdma::wire::gid::gid_to_ip(&av.dgid),
@@ -389,8 +392,8 @@ fn udp_port_space_over_ipv6() {
     assert_eq!((wc.wr_id, wc.byte_len), (9, (GRH_LEN + 8) as u32));
     assert_eq!(wc.grh.unwrap().sgid, V6_LOOPBACK);
     // The GRH area is an IPv6 header.
-    assert_eq!(sr.mr.lock()[0] >> 4, 6);
-    assert_eq!(&sr.mr.lock()[GRH_LEN..GRH_LEN + 8], b"datagram");
+    assert_eq!(sr.mr.lock().unwrap()[0] >> 4, 6);
+    assert_eq!(&sr.mr.lock().unwrap()[GRH_LEN..GRH_LEN + 8], b"datagram");
     sid.destroy();
     c.id.destroy();
     lid.destroy();

@@ -85,7 +85,7 @@ fn send_recv_small_large_inline_and_immediate() {
             b.qp.qp_num()
         )
     );
-    assert_eq!(&mb.lock()[..11], b"hello, rdma");
+    assert_eq!(&mb.lock().unwrap()[..11], b"hello, rdma");
 
     // Large (multi-packet at MTU 1024) with immediate data.
     let data = pattern(50_000, 3);
@@ -102,7 +102,7 @@ fn send_recv_small_large_inline_and_immediate() {
         (wc.byte_len, wc.imm_data),
         (data.len() as u32, Some(0x1234_5678))
     );
-    assert_eq!(&mb.lock()[..data.len()], &data[..]);
+    assert_eq!(&mb.lock().unwrap()[..data.len()], &data[..]);
 
     // Inline: the source may change right after posting.
     ma.write(0, b"inline!").unwrap();
@@ -117,7 +117,7 @@ fn send_recv_small_large_inline_and_immediate() {
     ma.write(0, b"CHANGED").unwrap();
     assert_eq!(a.wait().wr_id, 3);
     assert_eq!(b.wait().byte_len, 7);
-    assert_eq!(&mb.lock()[..7], b"inline!");
+    assert_eq!(&mb.lock().unwrap()[..7], b"inline!");
 }
 
 #[test]
@@ -137,8 +137,8 @@ fn scatter_gather_lists() {
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 3000));
     let mut want = pattern(1000, 1);
     want.extend(pattern(2000, 2));
-    assert_eq!(&mb.lock()[..1500], &want[..1500]);
-    assert_eq!(&mb2.lock()[4000..5500], &want[1500..]);
+    assert_eq!(&mb.lock().unwrap()[..1500], &want[..1500]);
+    assert_eq!(&mb2.lock().unwrap()[4000..5500], &want[1500..]);
 
     // RDMA WRITE gathering three pieces; RDMA READ scattering into two.
     let w = [sge(&ma, 100, 10), sge(&ma2, 0, 20), sge(&ma, 200, 30)];
@@ -153,9 +153,9 @@ fn scatter_gather_lists() {
     assert_eq!(a.wait().status, WcStatus::Success);
     let mut got = vec![0u8; 60];
     mb.read(6000, &mut got).unwrap();
-    assert_eq!(&got[..10], &ma.lock()[100..110]);
-    assert_eq!(&got[10..30], &ma2.lock()[..20]);
-    assert_eq!(&got[30..], &ma.lock()[200..230]);
+    assert_eq!(&got[..10], &ma.lock().unwrap()[100..110]);
+    assert_eq!(&got[10..30], &ma2.lock().unwrap()[..20]);
+    assert_eq!(&got[30..], &ma.lock().unwrap()[200..230]);
     a.post_send(
         3,
         SendOp::RdmaRead {
@@ -165,8 +165,8 @@ fn scatter_gather_lists() {
         &[sge(&ma, 7000, 25), sge(&ma2, 7000, 35)],
     );
     assert_eq!(a.wait().status, WcStatus::Success);
-    assert_eq!(&ma.lock()[7000..7025], &got[..25]);
-    assert_eq!(&ma2.lock()[7000..7035], &got[25..]);
+    assert_eq!(&ma.lock().unwrap()[7000..7025], &got[..25]);
+    assert_eq!(&ma2.lock().unwrap()[7000..7035], &got[25..]);
     // A receive too small for the message: local length error at the receiver.
     b.post_recv(4, &[sge(&mb, 0, 10)]);
     a.post_send(4, SendOp::Send, &[sge(&ma, 0, 100)]);
@@ -197,7 +197,7 @@ fn rdma_write_read_and_write_with_imm() {
         (wc.status, wc.opcode, wc.byte_len),
         (WcStatus::Success, WcOpcode::RdmaWrite, len as u32)
     );
-    assert!(mb.lock()[..] == data[..]);
+    assert!(mb.lock().unwrap()[..] == data[..]);
     assert!(
         b.cq.is_empty(),
         "a plain WRITE consumes no receive and raises no completion"
@@ -218,7 +218,7 @@ fn rdma_write_read_and_write_with_imm() {
         (wc.status, wc.opcode, wc.byte_len),
         (WcStatus::Success, WcOpcode::RdmaRead, len as u32)
     );
-    assert!(back.lock()[..] == data[..]);
+    assert!(back.lock().unwrap()[..] == data[..]);
 
     // WRITE with immediate: consumes a receive; its byte_len is the write's length.
     b.post_recv(5, &[]);
@@ -514,7 +514,7 @@ fn passive_side_is_served_by_its_progress_thread() {
         &[sge(&ma, 0, 2048)],
     );
     assert_eq!(a.wait().status, WcStatus::Success);
-    assert_eq!(&ma.lock()[..2048], &pattern(2048, 5)[..]);
+    assert_eq!(&ma.lock().unwrap()[..2048], &pattern(2048, 5)[..]);
     a.post_send(
         2,
         SendOp::RdmaWrite {
@@ -534,7 +534,7 @@ fn passive_side_is_served_by_its_progress_thread() {
         &[sge(&ma, 4000, 8)],
     );
     assert_eq!(a.wait().status, WcStatus::Success);
-    assert_eq!(&mb.lock()[2048..3072], &pattern(2048, 5)[..1024]);
+    assert_eq!(&mb.lock().unwrap()[2048..3072], &pattern(2048, 5)[..1024]);
     assert_eq!(read_u64(&mb, 4000), 9);
     drop(t);
 }
@@ -558,7 +558,7 @@ fn ping_pong_many() {
             if wc.opcode == WcOpcode::Recv {
                 got += 1;
                 let slot = (wc.wr_id as usize % 32) * 1024;
-                let v = u64::from_ne_bytes(mb.lock()[slot..slot + 8].try_into().unwrap());
+                let v = u64::from_ne_bytes(mb.lock().unwrap()[slot..slot + 8].try_into().unwrap());
                 assert_eq!(v, got - 1);
                 b.post_recv(wc.wr_id + 32, &[sge(&mb, slot, 1024)]);
                 // Echo it back.
@@ -855,7 +855,7 @@ fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
         a.post_send(1, write, &[sge(&ma, 0, len)]);
         let wc = a.wait();
         assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, len as u32));
-        assert!(mb.lock()[..len] == data[..]);
+        assert!(mb.lock().unwrap()[..len] == data[..]);
         b.post_recv(2, &[sge(&mb, 0, 8)]);
         let imm = SendOp::RdmaWriteWithImm {
             remote_addr: base + len as u64,
@@ -874,7 +874,7 @@ fn a_write_leaves_as_a_message_per_packet_on_a_gso_device() {
                 Some(9)
             )
         );
-        assert!(mb.lock()[len..] == data[..]);
+        assert!(mb.lock().unwrap()[len..] == data[..]);
     }
     // A's packets to B's QP, each PSN's first transmission (on a loaded machine a late ACK can
     // draw a probe, the last packet again): (opcode, RETH va offset and length, AckReq).

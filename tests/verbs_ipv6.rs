@@ -116,7 +116,7 @@ fn rc_send_write_read_and_atomics_over_ipv6() {
         (wc.status, wc.opcode, wc.byte_len),
         (WcStatus::Success, WcOpcode::Recv, 3000)
     );
-    assert_eq!(&mb.lock()[..3000], &msg[..]);
+    assert_eq!(&mb.lock().unwrap()[..3000], &msg[..]);
 
     // WRITE into b, READ it back into a.
     ma.write(4096, b"written over IPv6").unwrap();
@@ -129,7 +129,7 @@ fn rc_send_write_read_and_atomics_over_ipv6() {
         &[sge(&ma, 4096, 17)],
     );
     assert_eq!(a.wait().status, WcStatus::Success);
-    assert_eq!(&mb.lock()[5000..5017], b"written over IPv6");
+    assert_eq!(&mb.lock().unwrap()[5000..5017], b"written over IPv6");
     a.post_send(
         4,
         SendOp::RdmaRead {
@@ -143,7 +143,7 @@ fn rc_send_write_read_and_atomics_over_ipv6() {
         (wc.status, wc.opcode),
         (WcStatus::Success, WcOpcode::RdmaRead)
     );
-    assert_eq!(&ma.lock()[6000..6017], b"written over IPv6");
+    assert_eq!(&ma.lock().unwrap()[6000..6017], b"written over IPv6");
 
     // Atomics on an 8-byte word of b.
     mb.write(7000, &41u64.to_ne_bytes()).unwrap();
@@ -157,7 +157,7 @@ fn rc_send_write_read_and_atomics_over_ipv6() {
         &[sge(&ma, 7000, 8)],
     );
     assert_eq!(a.wait().status, WcStatus::Success);
-    assert_eq!(ma.lock()[7000..7008], 41u64.to_ne_bytes());
+    assert_eq!(ma.lock().unwrap()[7000..7008], 41u64.to_ne_bytes());
     a.post_send(
         6,
         SendOp::CompareSwap {
@@ -169,8 +169,11 @@ fn rc_send_write_read_and_atomics_over_ipv6() {
         &[sge(&ma, 7008, 8)],
     );
     assert_eq!(a.wait().status, WcStatus::Success);
-    assert_eq!(ma.lock()[7008..7016], 42u64.to_ne_bytes());
-    assert_eq!(mb.lock()[7000..7008], 0x1234_5678_9abcu64.to_ne_bytes());
+    assert_eq!(ma.lock().unwrap()[7008..7016], 42u64.to_ne_bytes());
+    assert_eq!(
+        mb.lock().unwrap()[7000..7008],
+        0x1234_5678_9abcu64.to_ne_bytes()
+    );
 
     // The traffic went over IPv6 (and no ICRC failed).
     let sb = b.ctx.stats().unwrap();
@@ -214,8 +217,8 @@ fn ipv4_and_ipv6_qps_of_the_same_contexts_at_once() {
         );
         assert_eq!(a4.wait().status, WcStatus::Success);
         assert_eq!(a6.wait().status, WcStatus::Success);
-        assert_eq!(m4.lock()[..64], [round; 64]);
-        assert_eq!(m6.lock()[..64], [round ^ 0xff; 64]);
+        assert_eq!(m4.lock().unwrap()[..64], [round; 64]);
+        assert_eq!(m6.lock().unwrap()[..64], [round ^ 0xff; 64]);
     }
     let after = b4.ctx.stats().unwrap();
     // b's context received IPv4 traffic (the v4 QP) and IPv6 traffic (the v6 QP).
@@ -302,7 +305,7 @@ fn ud_send_over_ipv6_with_the_ipv6_header_as_grh() {
     let grh = wc.grh.expect("a GRH");
     assert_eq!((grh.sgid, grh.dgid), (V6_LOOPBACK, V6_LOOPBACK));
     {
-        let m = mb.lock();
+        let m = mb.lock().unwrap();
         assert_eq!(&m[GRH_LEN..GRH_LEN + 18], b"datagram over IPv6");
         // The GRH area is the IPv6 header as it arrived (rxe copies ipv6_hdr(skb)).
         let h = &m[..GRH_LEN];
@@ -340,7 +343,10 @@ fn ud_send_over_ipv6_with_the_ipv6_header_as_grh() {
     assert_eq!(wait_cq(&qb_cq).status, WcStatus::Success);
     let wc = wait_cq(&qa_cq);
     assert_eq!((wc.wr_id, wc.imm_data), (8, Some(5)));
-    assert_eq!(&ma.lock()[4096 + GRH_LEN..4096 + GRH_LEN + 5], b"reply");
+    assert_eq!(
+        &ma.lock().unwrap()[4096 + GRH_LEN..4096 + GRH_LEN + 5],
+        b"reply"
+    );
     assert!(cb.stats().unwrap().rx_icrc_v6 > 0);
 }
 
@@ -580,5 +586,5 @@ fn a_datagram_with_rxes_zero_udp_checksum_arrives() {
         );
     };
     assert_eq!((wc.status, wc.src_qp), (WcStatus::Success, 0x42));
-    assert_eq!(&mr.lock()[GRH_LEN..GRH_LEN + 4], b"zero");
+    assert_eq!(&mr.lock().unwrap()[GRH_LEN..GRH_LEN + 4], b"zero");
 }

@@ -60,8 +60,8 @@ fn alloc_mr_is_zeroed_and_aligned() {
         let mr = pd.alloc_mr(len, ALL).unwrap();
         assert_eq!(mr.len(), len);
         assert_eq!(mr.addr() % 64, 0, "len {len}");
-        assert!(mr.lock().iter().all(|&b| b == 0));
-        assert_eq!(mr.lock().len(), len);
+        assert!(mr.lock().unwrap().iter().all(|&b| b == 0));
+        assert_eq!(mr.lock().unwrap().len(), len);
     }
 }
 
@@ -85,11 +85,11 @@ fn register_owns_the_buffer_and_reads_writes_are_bounded() {
     assert!(mr.read(usize::MAX, &mut b).is_err());
     mr.write(0, b"ab").unwrap();
     assert!(mr.write(9, b"ab").is_err());
-    mr.lock()[2] = b'!';
-    assert_eq!(&mr.lock()[..4], b"ab!3");
+    mr.lock().unwrap()[2] = b'!';
+    assert_eq!(&mr.lock().unwrap()[..4], b"ab!3");
     let boxed: Box<[u8]> = vec![1u8; 16].into_boxed_slice();
     let mr2 = pd.register(boxed, AccessFlags::NONE).unwrap();
-    assert_eq!(mr2.lock()[15], 1);
+    assert_eq!(mr2.lock().unwrap()[15], 1);
 }
 
 #[test]
@@ -103,7 +103,7 @@ fn many_threads_touch_one_region() {
             let mr = mr.clone();
             std::thread::spawn(move || {
                 for _ in 0..1000 {
-                    let mut g = mr.lock();
+                    let mut g = mr.lock().unwrap();
                     let v = u64::from_ne_bytes(g[..8].try_into().unwrap()) + 1;
                     g[..8].copy_from_slice(&v.to_ne_bytes());
                 }
@@ -131,7 +131,7 @@ fn holding_a_guard_while_polling_and_posting_does_not_deadlock() {
     b.post_recv(1, &[sge(&mb, 0, 64)]);
     a.post_send(1, SendOp::Send, &[sge(&ma, 0, 8)]);
     {
-        let g = ma.lock();
+        let g = ma.lock().unwrap();
         assert_eq!(&g[..8], b"guarded!");
         // Posting needs the engine: refused while the guard lives.
         let e =
@@ -153,9 +153,9 @@ fn holding_a_guard_while_polling_and_posting_does_not_deadlock() {
     // The send completes once the guard is gone (possibly already polled above).
     let got = b.wait();
     assert_eq!((got.status, got.byte_len), (WcStatus::Success, 8));
-    assert_eq!(&mb.lock()[..8], b"guarded!");
+    assert_eq!(&mb.lock().unwrap()[..8], b"guarded!");
     // Dropping a QP while holding a guard does not hang either.
-    let g = ma.lock();
+    let g = ma.lock().unwrap();
     drop(a);
     drop(g);
 }

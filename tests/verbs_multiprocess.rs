@@ -69,7 +69,10 @@ fn two_processes_over_loopback() {
         &[sge(&mr, 0, 32)],
     );
     assert_eq!(me.wait().status, WcStatus::Success);
-    assert_eq!(&mr.lock()[..32], b"written by the child process....");
+    assert_eq!(
+        &mr.lock().unwrap()[..32],
+        b"written by the child process...."
+    );
     me.post_recv(2, &[sge(&mr, 1024, 64)]);
     mr.write(512, b"ping from the parent").unwrap();
     me.post_send(3, SendOp::Send, &[sge(&mr, 512, 20)]);
@@ -80,7 +83,7 @@ fn two_processes_over_loopback() {
         got.push(wc.opcode);
         if wc.opcode == WcOpcode::Recv {
             assert_eq!(wc.byte_len, 20);
-            assert_eq!(&mr.lock()[1024..1044], b"PING FROM THE PARENT");
+            assert_eq!(&mr.lock().unwrap()[1024..1044], b"PING FROM THE PARENT");
         }
     }
     got.sort_by_key(|o| *o as u32);
@@ -111,7 +114,7 @@ fn child() {
         (wc.status, wc.opcode, wc.byte_len),
         (WcStatus::Success, WcOpcode::Recv, 20)
     );
-    let upper = mr.lock()[1024..1044].to_ascii_uppercase();
+    let upper = mr.lock().unwrap()[1024..1044].to_ascii_uppercase();
     mr.write(2048, &upper).unwrap();
     me.post_send(2, SendOp::Send, &[sge(&mr, 2048, 20)]);
     assert_eq!(me.wait().status, WcStatus::Success);

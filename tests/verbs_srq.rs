@@ -167,7 +167,7 @@ impl Fan {
     /// Sender `i` sends message `j` (signaled).
     fn send(&self, i: usize, j: usize) {
         let off = (i * 4 + j) * SLOT;
-        self.smr.lock()[off..off + MSG].copy_from_slice(&payload(i, j));
+        self.smr.lock().unwrap()[off..off + MSG].copy_from_slice(&payload(i, j));
         self.sqps[i]
             .post_send(&[SendWr {
                 wr_id: (i * 100 + j) as u64,
@@ -206,7 +206,7 @@ fn qps_sharing_an_srq_receive_and_each_completion_names_its_qp() {
         assert_eq!(wc.src_qp, f.sqps[i].qp_num(), "the peer of QP {i}");
         // The buffer of the WQE it took holds a message of the sender connected to that QP.
         let off = wc.wr_id as usize * SLOT;
-        let data = f.rmr.lock()[off..off + MSG].to_vec();
+        let data = f.rmr.lock().unwrap()[off..off + MSG].to_vec();
         let j = (data[0] >> 4 & 3) as usize;
         assert_eq!(data, payload(i, j), "WQE {} went to QP {i}", wc.wr_id);
         per_qp[i].push(j);
@@ -362,7 +362,10 @@ fn rnr_while_the_srq_is_empty_then_success_once_a_wqe_is_posted() {
         (wc.wr_id, wc.status, wc.qp_num),
         (3, WcStatus::Success, f.rqps[0].qp_num())
     );
-    assert_eq!(f.rmr.lock()[3 * SLOT..3 * SLOT + MSG], payload(0, 0)[..]);
+    assert_eq!(
+        f.rmr.lock().unwrap()[3 * SLOT..3 * SLOT + MSG],
+        payload(0, 0)[..]
+    );
     assert_eq!(wait_cq(&f.scq).status, WcStatus::Success);
 }
 
@@ -619,7 +622,7 @@ fn ud_qps_on_one_srq_receive_and_completions_name_the_qp() {
         })
         .unwrap();
     for (n, i) in [1usize, 0, 1].into_iter().enumerate() {
-        smr.lock()[..32].fill(0x40 + n as u8);
+        smr.lock().unwrap()[..32].fill(0x40 + n as u8);
         sender
             .post_send_ud(&[UdSendWr {
                 wr_id: n as u64,
@@ -646,7 +649,7 @@ fn ud_qps_on_one_srq_receive_and_completions_name_the_qp() {
         );
         assert_eq!(wc.byte_len as usize, GRH_LEN + 32);
         let off = n * 256 + GRH_LEN;
-        assert_eq!(rmr.lock()[off..off + 32], [0x40 + n as u8; 32]);
+        assert_eq!(rmr.lock().unwrap()[off..off + 32], [0x40 + n as u8; 32]);
     }
     assert_eq!(srq.posted().unwrap(), 1);
 }

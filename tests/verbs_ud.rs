@@ -184,7 +184,7 @@ fn ud_send_both_ways_with_grh_src_qp_and_immediate() {
     let grh = wc.grh.expect("a UD receive carries the GRH");
     assert_eq!(grh.sgid, a.ctx.gid());
     {
-        let m = b.mr.lock();
+        let m = b.mr.lock().unwrap();
         assert_eq!(&m[GRH_LEN..GRH_LEN + 13], b"hello over UD");
         // RoCEv2/IPv4: 20 zero bytes, then the IPv4 header (source address at its bytes 12..16).
         assert!(m[..20].iter().all(|&x| x == 0));
@@ -223,7 +223,10 @@ fn ud_send_both_ways_with_grh_src_qp_and_immediate() {
         )
     );
     assert_eq!(wc.grh.unwrap().sgid, b.ctx.gid());
-    assert_eq!(&a.mr.lock()[8192 + GRH_LEN..8192 + GRH_LEN + 5], b"reply");
+    assert_eq!(
+        &a.mr.lock().unwrap()[8192 + GRH_LEN..8192 + GRH_LEN + 5],
+        b"reply"
+    );
 
     // A zero-byte message: just the GRH area.
     b.post_recv(10, 0, 64);
@@ -277,8 +280,8 @@ fn one_ud_qp_talks_to_two_peers() {
     assert_eq!(a.wait().wr_id, 11, "only the signaled WR completes");
     assert_eq!(b.wait().src_qp, a.qp.qp_num());
     assert_eq!(c.wait().src_qp, a.qp.qp_num());
-    assert_eq!(&b.mr.lock()[GRH_LEN..GRH_LEN + 4], b"to b");
-    assert_eq!(&c.mr.lock()[GRH_LEN..GRH_LEN + 4], b"to c");
+    assert_eq!(&b.mr.lock().unwrap()[GRH_LEN..GRH_LEN + 4], b"to b");
+    assert_eq!(&c.mr.lock().unwrap()[GRH_LEN..GRH_LEN + 4], b"to c");
 }
 
 #[test]

@@ -356,7 +356,7 @@ fn run(o: Opts) -> Result<(), String> {
         .alloc_mr(2 * half, access)
         .map_err(|e| format!("Couldn't register MR: {e}"))?;
     {
-        let mut g = mr.lock();
+        let mut g = mr.lock().expect("an owned region");
         for (i, b) in g.iter_mut().enumerate() {
             *b = (i as u32).wrapping_mul(2_654_435_761).to_be_bytes()[0];
         }
@@ -543,7 +543,7 @@ fn run(o: Opts) -> Result<(), String> {
         println!("{RESULT_LINE}");
         if o.verb == Verb::Atomic && o.atomic == AtomicType::FetchAdd {
             // Every FETCH_AND_ADD added 1 to an 8-byte word of the zeroed target half.
-            let g = mr.lock();
+            let g = mr.lock().expect("an owned region");
             let sum: u64 = g[half..]
                 .chunks_exact(8)
                 .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))

@@ -38,6 +38,79 @@ impl CompletionQueue {
         Ok((self.poll(&mut c)? == 1).then_some(c[0]))
     }
 
+    /// Wait up to `timeout` for a completion. A CQ with a completion channel of its own sleeps
+    /// on the channel (it arms the CQ, waits, takes and acknowledges the event, and polls
+    /// again); one without polls, driving the transport on this thread for the first
+    /// millisecond and then every 100 µs.
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # use std::time::Duration;
+    /// # let ctx = devices()?.last().unwrap().open()?;
+    /// let cq = ctx.create_cq(16, None)?;
+    /// assert!(matches!(cq.wait(Duration::from_millis(5)), Err(VerbsError::Timeout(_))));
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`VerbsError::Timeout`] if none came; what [`CompletionQueue::poll`] returns. A
+    /// completion with an error status is returned as it is: [`WorkCompletion::ok`] makes it
+    /// an error.
+    pub fn wait(&self, timeout: std::time::Duration) -> Result<Completion> {
+        let t0 = std::time::Instant::now();
+        if let Some(c) = self.poll_one()? {
+            return Ok(c);
+        }
+        let channel = self.inner.channel.clone();
+        loop {
+            let elapsed = t0.elapsed();
+            if elapsed >= timeout {
+                return Err(VerbsError::Timeout(timeout));
+            }
+            match &channel {
+                Some(ch) => {
+                    self.req_notify(false)?;
+                    if let Some(c) = self.poll_one()? {
+                        return Ok(c);
+                    }
+                    let mut p = libc::pollfd {
+                        fd: ch.fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    let left = (timeout - elapsed).as_millis().clamp(1, i32::MAX as u128) as i32;
+                    // SAFETY: one live pollfd.
+                    if unsafe { libc::poll(&mut p, 1, left) } > 0 {
+                        let chan = super::CompletionChannel {
+                            inner: ch.clone(),
+                            shared: self.shared.clone(),
+                        };
+                        chan.set_nonblocking(true)?;
+                        if let Ok(cq) = chan.get_cq_event() {
+                            cq.ack_events(1);
+                        }
+                    }
+                }
+                None if elapsed < std::time::Duration::from_millis(1) => std::thread::yield_now(),
+                None => std::thread::sleep(std::time::Duration::from_micros(100)),
+            }
+            if let Some(c) = self.poll_one()? {
+                return Ok(c);
+            }
+        }
+    }
+
+    /// The completions waiting now, polled in batches (drives the transport once when empty,
+    /// as [`CompletionQueue::poll`] does). An error of the CQ (an overrun) ends the iteration.
+    pub fn drain(&self) -> Drain<'_> {
+        Drain {
+            cq: self,
+            buf: [Completion::default(); DRAIN_BATCH],
+            at: 0,
+            n: 0,
+        }
+    }
+
     /// `ibv_req_notify_cq`: arm the CQ's channel for the next completion (or the next solicited
     /// or error one). One-shot, as in verbs.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
@@ -91,6 +164,31 @@ impl CompletionQueue {
     /// Identity of the CQ (stable across clones).
     pub fn id(&self) -> u32 {
         self.inner.id
+    }
+}
+
+const DRAIN_BATCH: usize = 16;
+
+/// The iterator of [`CompletionQueue::drain`].
+pub struct Drain<'a> {
+    cq: &'a CompletionQueue,
+    buf: [Completion; DRAIN_BATCH],
+    at: usize,
+    n: usize,
+}
+
+impl Iterator for Drain<'_> {
+    type Item = Completion;
+    fn next(&mut self) -> Option<Completion> {
+        if self.at == self.n {
+            self.n = self.cq.poll(&mut self.buf).ok()?;
+            self.at = 0;
+            if self.n == 0 {
+                return None;
+            }
+        }
+        self.at += 1;
+        Some(self.buf[self.at - 1])
     }
 }
 

@@ -4,6 +4,7 @@ use crate::transport::{MemError, PostError, QpError};
 
 /// Why a verb failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VerbsError {
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
@@ -32,6 +33,21 @@ pub enum VerbsError {
     Share(crate::driver::share::ShareError),
     #[error("operation would block")]
     WouldBlock,
+    /// Nothing came within the time given (a wait).
+    #[error("nothing came within {0:?}")]
+    Timeout(std::time::Duration),
+    /// A range is not inside the buffer it is cut from.
+    #[error("{start}..{end} is not inside the {what} of {size} bytes")]
+    OutOfBounds {
+        /// What was cut ("memory region", "remote buffer").
+        what: &'static str,
+        start: u64,
+        end: u64,
+        size: u64,
+    },
+    /// A work request completed with an error ([`WorkCompletion::ok`](super::WorkCompletion::ok)).
+    #[error(transparent)]
+    Completion(#[from] super::WcError),
     #[error("completion queue overrun: more completions than its capacity")]
     CqOverrun,
     #[error(transparent)]
@@ -59,6 +75,9 @@ impl VerbsError {
             VerbsError::AddrInUse { .. } => libc::EADDRINUSE,
             VerbsError::Share(e) => e.errno(),
             VerbsError::WouldBlock => libc::EAGAIN,
+            VerbsError::Timeout(_) => libc::ETIMEDOUT,
+            VerbsError::OutOfBounds { .. } => libc::EINVAL,
+            VerbsError::Completion(_) => libc::EIO,
             VerbsError::CqOverrun => libc::EOVERFLOW,
             VerbsError::Post { error, .. } => match error {
                 PostError::QueueFull => libc::ENOMEM,

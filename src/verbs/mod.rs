@@ -11,7 +11,9 @@
 //! ```
 
 mod ah;
+mod buf;
 mod channel;
+mod connect;
 mod context;
 mod cq;
 mod device;
@@ -21,13 +23,17 @@ mod netif;
 mod pd;
 mod qp;
 mod srq;
+mod typed;
+mod wc;
 
 pub use crate::driver::share::ShareError;
 pub use crate::endpoint::events::AsyncEvent;
 pub use ah::{AddressHandle, AhAttr};
+pub use buf::{LocalSlice, RemoteSlice};
 pub use channel::CompletionChannel;
+pub use connect::{ConnectOptions, QpEndpoint};
 pub use context::{Context, ContextOptions};
-pub use cq::{CompletionQueue, WorkCompletion};
+pub use cq::{CompletionQueue, Drain, WorkCompletion};
 pub use device::{
     devices, gid_from_ipv4, ipv4_from_gid, AtomicCap, Device, DeviceAttr, PortAttr, PortState,
 };
@@ -36,6 +42,8 @@ pub use mr::{MemoryRegion, MrGuard};
 pub use pd::ProtectionDomain;
 pub use qp::{QpInitAttr, QpType, QueuePair, RecvWr, SendWr, UdSend, UdSendWr};
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqInitAttr};
+pub use typed::{Connected, PostRecv, PostSend, Qp, QpKind, Rc, Uc, Ud};
+pub use wc::WcError;
 
 /// Bytes at the front of every UD receive buffer that receive the GRH area.
 pub use crate::transport::ud::GRH_LEN;

@@ -181,22 +181,59 @@ impl MemoryRegion {
     /// waits while the guard lives, so keep it short, and do not call into the library (poll a
     /// CQ, post, ...) while holding it: the transport may need this very lock to progress.
     ///
-    /// # Panics
-    /// On a region from [`register_raw`](super::ProtectionDomain::register_raw): its memory is
-    /// the caller's, and the transport reaches it without a lock (use [`MemoryRegion::read`],
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] on a region from
+    /// [`register_raw`](super::ProtectionDomain::register_raw): its memory is the caller's, and
+    /// the transport reaches it without a lock (use [`MemoryRegion::read`],
     /// [`MemoryRegion::write`] or the caller's own pointer).
-    pub fn lock(&self) -> MrGuard<'_> {
+    pub fn lock(&self) -> Result<MrGuard<'_>> {
         let Backing::Owned { buf, start } = &self.inner.mem else {
-            panic!("MemoryRegion::lock on a raw region (register_raw): it has no lock");
+            return Err(VerbsError::InvalidArgument(
+                "a raw region (register_raw) has no lock: use read/write or your own pointer",
+            ));
         };
         let guard = lock_buf(buf);
         let id = Arc::as_ptr(&self.inner) as usize;
         guard_taken(id);
-        MrGuard {
+        Ok(MrGuard {
             guard,
             range: *start..start + self.inner.len,
             id,
+        })
+    }
+
+    /// Deregister the region and give its memory back: the buffer
+    /// [`register`](super::ProtectionDomain::register) took (the same allocation), or a copy of
+    /// an [`alloc_mr`](super::ProtectionDomain::alloc_mr) region's bytes.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] (with the region back) for a raw region: its memory is
+    /// the caller's already.
+    pub fn into_inner(mut self) -> std::result::Result<Vec<u8>, (VerbsError, MemoryRegion)> {
+        if matches!(self.inner.mem, Backing::Raw(_)) {
+            return Err((
+                VerbsError::InvalidArgument("a raw region's memory is the caller's already"),
+                self,
+            ));
         }
+        self.shared.mrs.deregister(&mut self.inner);
+        // Deregistration returns once no copy holds the region: this is the only handle.
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            unreachable!("deregister waits until the region is held here alone")
+        };
+        let len = inner.len;
+        // What is left behind owns nothing (the drop that follows deregisters nothing more).
+        inner.len = 0;
+        let mem = std::mem::replace(&mut inner.mem, Backing::Raw(RawBase(std::ptr::null_mut())));
+        let Backing::Owned { buf, start } = mem else {
+            unreachable!("checked above")
+        };
+        let buf = buf.into_inner().unwrap_or_else(|p| p.into_inner());
+        Ok(if start == 0 && buf.len() == len {
+            buf.into_vec()
+        } else {
+            buf[start..start + len].to_vec()
+        })
     }
 
     /// `ibv_dereg_mr`: remove the key, then wait for the copies under way (see the type's
@@ -337,7 +374,7 @@ mod tests {
             };
             assert_ne!(p, libc::MAP_FAILED);
             // SAFETY: the mapping stays mapped (and accessible) until the region is dropped.
-            let mr = unsafe { pd.register_raw(p.cast(), len, p as u64, ALL) }.unwrap();
+            let mr = unsafe { pd.register_raw(p.cast(), len, ALL) }.unwrap();
             target.1.store(mr.addr(), Ordering::Release);
             target.0.store(mr.rkey() as u64, Ordering::Release);
             // Let the copier reach this region (a bounded wait on its progress, not a timing).

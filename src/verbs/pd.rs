@@ -36,7 +36,8 @@ impl ProtectionDomain {
     }
 
     /// Register a buffer (`Vec<u8>`, `Box<[u8]>`), taking ownership of it, so it stays alive
-    /// while a work request or a remote key can reach it. Its address is the region's `addr()`.
+    /// while a work request or a remote key can reach it. Its address is the region's `addr()`;
+    /// [`MemoryRegion::into_inner`] gives it back.
     pub fn register(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<MemoryRegion> {
         let buf = buf.into();
         let len = buf.len();
@@ -44,6 +45,62 @@ impl ProtectionDomain {
             return Err(VerbsError::InvalidArgument("length above max_mr_size"));
         }
         MemoryRegion::register(&self.shared, self.id, buf, 0, len, access)
+    }
+
+    /// `ibv_reg_mr`: register `len` bytes of memory the caller owns, at `addr` (which is also
+    /// the region's virtual address). [`register_raw_iova`](Self::register_raw_iova) with
+    /// `iova = addr`; see it for the checks and the contract.
+    ///
+    /// # Errors
+    /// As [`register_raw_iova`](Self::register_raw_iova).
+    ///
+    /// # Safety
+    /// [`register_raw_iova`](Self::register_raw_iova)'s contract.
+    pub unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: the contract is this function's, passed on unchanged.
+        unsafe { self.register_raw_iova(addr, len, addr as u64, access) }
+    }
+
+    /// Register `buf`, which the caller keeps, for the time of `f`: `f` gets the region
+    /// (post work requests with it, hand its [`remote`](MemoryRegion::remote) slices to peers)
+    /// and the region is deregistered when `f` returns or unwinds, so nothing touches `buf`
+    /// after this returns. Safe: the borrow keeps `buf` alive and out of reach meanwhile.
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # let ctx = devices()?.last().unwrap().open()?;
+    /// # let pd = ctx.alloc_pd()?;
+    /// let mut buf = vec![0u8; 4096];
+    /// let lkey = pd.register_borrowed(&mut buf, AccessFlags::LOCAL_WRITE, |mr| {
+    ///     mr.write(0, b"hello")?;
+    ///     Ok(mr.lkey())
+    /// })?;
+    /// assert_eq!(&buf[..5], b"hello");
+    /// # let _ = lkey;
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`register_raw_iova`](Self::register_raw_iova), or what `f` returns.
+    pub fn register_borrowed<R>(
+        &self,
+        buf: &mut [u8],
+        access: AccessFlags,
+        f: impl FnOnce(&MemoryRegion) -> Result<R>,
+    ) -> Result<R> {
+        // SAFETY: `buf` is borrowed mutably for this whole call, so it stays valid and nothing
+        // else reaches it; the region is dropped (deregistered, copies waited for) before the
+        // borrow ends, on return or unwind, and `f` only gets a reference (it cannot keep or
+        // leak the region).
+        let mr = unsafe { self.register_raw(buf.as_mut_ptr(), buf.len(), access) }?;
+        let r = f(&mr);
+        drop(mr);
+        r
     }
 
     /// `ibv_reg_mr_iova2`: register `len` bytes of memory the caller owns, at `addr`, as a region
@@ -77,7 +134,7 @@ impl ProtectionDomain {
     /// Dropping or deregistering the region removes its key and then returns only once no copy
     /// into or out of the memory is in flight; from then on nothing touches it, and the memory
     /// may be freed or unmapped.
-    pub unsafe fn register_raw(
+    pub unsafe fn register_raw_iova(
         &self,
         addr: *mut u8,
         len: usize,

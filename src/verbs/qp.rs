@@ -50,6 +50,32 @@ pub struct QpInitAttr<'a> {
     pub srq: Option<&'a SharedReceiveQueue>,
 }
 
+impl<'a> QpInitAttr<'a> {
+    /// A QP of `qp_type` whose sends and receives both complete into `cq`, with default
+    /// capacities ([`QpCaps::default`]: 128 work requests and 4 SGEs each way), completions
+    /// only for signaled sends, and no SRQ. Change what you need:
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # let ctx = devices()?.last().unwrap().open()?;
+    /// # let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(256, None)?;
+    /// let attr = QpInitAttr { sq_sig_all: true, ..QpInitAttr::new(QpType::Rc, &cq) };
+    /// let qp = pd.create_qp(&attr)?;
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    pub fn new(qp_type: QpType, cq: &'a CompletionQueue) -> Self {
+        QpInitAttr {
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCaps::default(),
+            qp_type,
+            sq_sig_all: false,
+            srq: None,
+        }
+    }
+}
+
 /// `struct ibv_send_wr` (one of a list).
 #[derive(Clone, Debug)]
 pub struct SendWr<'a> {
@@ -204,6 +230,13 @@ impl QueuePair {
             srq,
             shared: pd.shared.clone(),
         })
+    }
+
+    /// The context (device) the QP belongs to.
+    pub fn context(&self) -> super::Context {
+        super::Context {
+            shared: self.shared.clone(),
+        }
     }
 
     /// The QP number.

@@ -120,7 +120,7 @@ fn reg(
     // SAFETY: ibv_reg_mr's contract is the one register_raw states: the program keeps
     // [addr, addr + length) mapped until ibv_dereg_mr returns, and the device may read and
     // write it meanwhile.
-    match unsafe { p.rust.register_raw(addr.cast(), length, iova, flags) } {
+    match unsafe { p.rust.register_raw_iova(addr.cast(), length, iova, flags) } {
         Ok(rust) => {
             p.hold();
             let ibv = ibv_mr {
