@@ -81,6 +81,18 @@ pub struct EventChannel {
     pub(crate) inner: Arc<ChannelInner>,
 }
 
+impl std::os::fd::AsFd for EventChannel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+impl std::os::fd::AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+}
+
 impl EventChannel {
     /// `rdma_create_event_channel`.
     pub fn new() -> Result<EventChannel> {

@@ -4,11 +4,24 @@ use crate::verbs::VerbsError;
 
 /// An rdma_cm call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CmaError {
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
-    #[error("the id is in state {0}, which does not allow this")]
+    /// The call does not fit where the id is in its life (connect before the route is
+    /// resolved, say); the text says where it is and what comes first.
+    #[error("not now: the id {0}")]
     InvalidState(&'static str),
+    /// A one-call helper ([`super::Connection`], [`super::Listener`]) waited too long.
+    #[error("no {0} event within the timeout")]
+    TimedOut(&'static str),
+    /// A one-call helper got another event than the one it waited for.
+    #[error("waiting for {waiting_for}, got {got} (status {status})")]
+    Unexpected {
+        waiting_for: &'static str,
+        got: super::EventType,
+        status: i32,
+    },
     #[error("address already in use")]
     AddrInUse,
     #[error("address not available on this host: {0}")]
@@ -36,6 +49,8 @@ impl CmaError {
     pub fn errno(&self) -> i32 {
         match self {
             CmaError::InvalidArgument(_) | CmaError::InvalidState(_) => libc::EINVAL,
+            CmaError::TimedOut(_) => libc::ETIMEDOUT,
+            CmaError::Unexpected { .. } => libc::ECONNREFUSED,
             CmaError::AddrInUse => libc::EADDRINUSE,
             CmaError::AddrNotAvailable(_) => libc::EADDRNOTAVAIL,
             CmaError::NoPorts => libc::EADDRNOTAVAIL,

@@ -39,19 +39,20 @@ pub(crate) enum Phase {
 }
 
 impl Phase {
+    /// Where the id is, and what it allows next (for [`CmaError::InvalidState`]).
     fn name(self) -> &'static str {
         match self {
-            Phase::Idle => "idle",
-            Phase::Bound => "bound",
-            Phase::AddrResolved => "address resolved",
-            Phase::RouteResolved => "route resolved",
-            Phase::Listening => "listening",
-            Phase::Connecting => "connecting",
-            Phase::ConnectRequest => "connect request",
-            Phase::Accepting => "accepting",
-            Phase::Established => "established",
-            Phase::Disconnecting => "disconnecting",
-            Phase::Disconnected => "disconnected",
+            Phase::Idle => "has no address yet: bind_addr or resolve_addr first",
+            Phase::Bound => "is bound: listen, or resolve_addr to connect",
+            Phase::AddrResolved => "has its address resolved: resolve_route next",
+            Phase::RouteResolved => "has its route resolved: create_qp and connect next",
+            Phase::Listening => "is listening: its connections come as CONNECT_REQUEST events",
+            Phase::Connecting => "is connecting: wait for ESTABLISHED (or REJECTED)",
+            Phase::ConnectRequest => "is an incoming request: accept or reject it",
+            Phase::Accepting => "is accepting: wait for ESTABLISHED",
+            Phase::Established => "is connected",
+            Phase::Disconnecting => "is disconnecting",
+            Phase::Disconnected => "is disconnected: destroy it",
         }
     }
 }
@@ -488,7 +489,7 @@ impl CmId {
             let req = st
                 .req
                 .clone()
-                .ok_or(CmaError::InvalidState("no connection"))?;
+                .ok_or(CmaError::InvalidState("has no connection"))?;
             let sgid_index = st.sgid_index();
             st.settled = Some(Transition {
                 qpn: 0,
@@ -508,7 +509,7 @@ impl CmId {
         let t = st
             .settled
             .as_ref()
-            .ok_or(CmaError::InvalidState("no connection parameters yet"))?;
+            .ok_or(CmaError::InvalidState("has no connection parameters yet"))?;
         match state {
             QpState::Rtr => Ok(t.rtr()),
             QpState::Rts => Ok(t.rts()),
@@ -521,7 +522,7 @@ impl CmId {
     pub fn establish(&self) -> Result<()> {
         let st = self.inner().state();
         if st.own_qp.is_none() || st.settled.is_none() {
-            return Err(CmaError::InvalidState("no CONNECT_RESPONSE to establish"));
+            return Err(CmaError::InvalidState("has no CONNECT_RESPONSE to establish"));
         }
         Self::check_phase(&st, &[Phase::Established])
     }
@@ -691,7 +692,7 @@ impl CmId {
             return Err(CmaError::WrongDevice);
         }
         if self.inner().state().qpn.is_some() {
-            return Err(CmaError::InvalidState("the id already has a QP"));
+            return Err(CmaError::InvalidState("already has a QP"));
         }
         let ud = self.inner().ps == PortSpace::Udp;
         // The CM brings RC QPs up with RC's attributes; UC over rdma_cm is not supported.
@@ -755,7 +756,7 @@ impl CmId {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::RouteResolved])?;
             if st.qpn.is_none() && param.qp_num == 0 {
-                return Err(CmaError::InvalidState("no QP (create_qp first)"));
+                return Err(CmaError::InvalidState("has no QP: create_qp first"));
             }
             st.ctx.clone().expect("resolved")
         };
@@ -767,7 +768,7 @@ impl CmId {
             let (qpn, own) = match st.qpn {
                 Some(q) => (q, None),
                 None if param.qp_num != 0 => (param.qp_num, Some(param.qp_num)),
-                None => return Err(CmaError::InvalidState("no QP (create_qp first)")),
+                None => return Err(CmaError::InvalidState("has no QP: create_qp first")),
             };
             st.own_qp = own;
             let rq_psn = random_psn();
@@ -861,7 +862,7 @@ impl CmId {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             if st.qpn.is_none() {
-                return Err(CmaError::InvalidState("no QP (create_qp first)"));
+                return Err(CmaError::InvalidState("has no QP: create_qp first"));
             }
             st.ctx.clone().expect("incoming ids have a device")
         };
@@ -881,7 +882,7 @@ impl CmId {
             if r.is_err() {
                 // Expired (or otherwise gone): this id is no connect request any more.
                 st.phase = Phase::Idle;
-                return Err(CmaError::InvalidState("the request is gone"));
+                return Err(CmaError::InvalidState("is a request that is gone"));
             }
             st.phase = Phase::Established;
             Ok(())
@@ -907,7 +908,7 @@ impl CmId {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
             if st.qpn.is_none() && param.qp_num == 0 {
-                return Err(CmaError::InvalidState("no QP (create_qp first)"));
+                return Err(CmaError::InvalidState("has no QP: create_qp first"));
             }
             st.ctx.clone().expect("incoming ids have a device")
         };
@@ -919,7 +920,7 @@ impl CmId {
             let (qpn, own) = match st.qpn {
                 Some(q) => (q, false),
                 None if param.qp_num != 0 => (param.qp_num, true),
-                None => return Err(CmaError::InvalidState("no QP (create_qp first)")),
+                None => return Err(CmaError::InvalidState("has no QP: create_qp first")),
             };
             // The program's own QP already has the RQ PSN `init_qp_attr` reported.
             let rq_psn = match (&st.settled, own) {

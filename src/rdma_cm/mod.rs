@@ -9,6 +9,8 @@
 //!           -> connect -> ESTABLISHED
 //!   either: disconnect -> DISCONNECTED (-> TIMEWAIT_EXIT)
 //! ```
+//! [`Connection::connect`] and [`Listener::accept`] do a whole side of that in one call.
+//!
 //! Events come from [`EventChannel::get_cm_event`] (its [`EventChannel::fd`] is pollable) and
 //! are acknowledged by [`CmEvent::ack`] or by dropping them. The ids share one device context
 //! per device ([`CmId::context`]): allocate the PD and CQs there.
@@ -19,6 +21,7 @@
 //! form in the REQ, RoCEv2 over IPv6 on the wire).
 
 mod channel;
+mod connection;
 pub(crate) mod core;
 mod error;
 mod event;
@@ -29,6 +32,7 @@ mod route;
 pub use crate::cm::endpoint::UNCLAIMED_REQ_WAIT;
 pub use crate::cm::service_id::PortSpace;
 pub use channel::{EventChannel, WaitError};
+pub use connection::{Connection, ConnectionOptions, Listener};
 pub use error::{CmaError, Result};
 pub use event::{CmEvent, ConnParam, EventParam, EventType, UdParam};
 pub use id::{CmId, CmTimeouts};

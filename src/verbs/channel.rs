@@ -15,6 +15,19 @@ pub struct CompletionChannel {
     pub(crate) shared: Arc<Shared>,
 }
 
+impl std::os::fd::AsFd for CompletionChannel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the fd is the channel's own, open as long as `self` (which borrows it).
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.inner.fd()) }
+    }
+}
+
+impl std::os::fd::AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.fd()
+    }
+}
+
 impl CompletionChannel {
     /// The fd to put in `epoll`/`poll`: readable while an event is pending.
     pub fn fd(&self) -> RawFd {

@@ -251,6 +251,20 @@ impl Context {
     }
 }
 
+/// The async-event fd ([`Context::async_fd`]): readable while an async event is queued.
+impl std::os::fd::AsFd for Context {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the eventfd is the context's own, open as long as `self` (which borrows it).
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.shared.async_events.fd()) }
+    }
+}
+
+impl std::os::fd::AsRawFd for Context {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.shared.async_events.fd()
+    }
+}
+
 /// A context that does not keep its device open (rdma_cm's per-device core holds one: the
 /// device closes with the application's last handle).
 #[derive(Clone)]
