@@ -18,7 +18,7 @@
 use std::net::UdpSocket;
 use std::time::Instant;
 
-use softrdma::transport::{Mtu, SendOp, WcOpcode, WcStatus};
+use softrdma::verbs::{Mtu, SendOp, WcOpcode, WcStatus};
 use softrdma::verbs::{MemoryRegion, WorkCompletion};
 
 #[path = "../tests/verbs_util/mod.rs"]

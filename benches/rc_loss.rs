@@ -17,8 +17,8 @@
 
 use std::time::Duration;
 
-use softrdma::transport::sim::{write_stream, LinkConfig, StreamOpts, StreamReport};
-use softrdma::transport::Mtu;
+use softrdma::sim::{write_stream, LinkConfig, StreamOpts, StreamReport};
+use softrdma::verbs::Mtu;
 
 struct Profile {
     name: &'static str,

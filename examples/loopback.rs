@@ -15,7 +15,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use softrdma::transport::{
+use softrdma::verbs::{
     AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcOpcode,
     WcStatus,
 };

@@ -14,7 +14,7 @@ use std::net::TcpListener;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use softrdma::transport::{
+use softrdma::verbs::{
     AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus,
 };
 use softrdma::verbs::{

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma::transport::{AccessFlags, QpCaps, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
+use softrdma::verbs::{AccessFlags, QpCaps, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
 use softrdma::verbs::{
     CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType,
     QueuePair, RecvWr, SendWr, WorkCompletion,

@@ -13,7 +13,7 @@ use std::net::TcpListener;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use softrdma::transport::{AccessFlags, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus};
+use softrdma::verbs::{AccessFlags, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus};
 use softrdma::verbs::{
     AddressHandle, AhAttr, CompletionChannel, Context, QpInitAttr, QpType, RecvWr, UdSendWr,
     WorkCompletion, GRH_LEN,

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use softrdma::rdma_cm::{CmEvent, CmId, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma::transport::{AccessFlags, QpCaps, SendFlags, SendOp, Sge};
+use softrdma::verbs::{AccessFlags, QpCaps, SendFlags, SendOp, Sge};
 use softrdma::verbs::{
     AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair,
     RecvWr, UdSendWr, WorkCompletion, GRH_LEN,

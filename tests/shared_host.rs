@@ -272,7 +272,7 @@ fn a_squatted_port_is_an_error_naming_its_holder() {
         let mut m = spawn_as("role_bind", Some(MALLORY), &[("SR_BIND", at.to_string())]);
         assert_eq!(m.line_with("BOUND"), "BOUND");
         // Root's open and a victim's open alike.
-        let err = loopback_dev().open().err().expect("the port is taken");
+        let err = loopback_dev().open().expect_err("the port is taken");
         let msg = err.to_string();
         assert_eq!(err.errno(), libc::EADDRINUSE, "{msg}");
         assert!(msg.contains("127.0.0.1"), "{msg}");
@@ -521,7 +521,8 @@ fn role_repair() {
             (a, rounds)
         })
     };
-    let damage: [(&str, Box<dyn Fn()>); 4] = [
+    type Damage<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let damage: [Damage; 4] = [
         (
             "garbage",
             Box::new(|| std::fs::write(&data, b"\x00garbage\nm 1 0\n").unwrap()),
@@ -670,7 +671,7 @@ fn an_older_version_in_the_group_is_refused_or_outlived() {
     v1.line_with("V1 READY");
     let pid = v1.child.id();
     let t0 = Instant::now();
-    let err = loopback_dev().open().err().expect("refused");
+    let err = loopback_dev().open().expect_err("refused");
     let msg = err.to_string();
     eprintln!("refused after {:?}: {msg}", t0.elapsed());
     assert_eq!(err.errno(), libc::EADDRINUSE, "{msg}");

@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma::transport::{AccessFlags, QpCaps, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
+use softrdma::verbs::{AccessFlags, QpCaps, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
 use softrdma::verbs::{
     CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpType, QueuePair,
     RecvWr, SendWr, WorkCompletion,

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use softrdma::transport::{SendOp, Sge, WcOpcode};
+use softrdma::verbs::{SendOp, Sge, WcOpcode};
 use softrdma::verbs::{CompletionQueue, MemoryRegion, QueuePair, RecvWr, WorkCompletion};
 
 use super::Opts;

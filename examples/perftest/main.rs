@@ -37,7 +37,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use softrdma::rdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma::transport::{
+use softrdma::verbs::{
     AccessFlags, AddressVector, Mtu, QpAttr, QpCaps, QpState, SendFlags, SendOp, Sge, WcStatus,
 };
 use softrdma::verbs::{Context, QpInitAttr, QpType, QueuePair, RecvWr, SendWr, WorkCompletion};

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use softrdma::rdma_cm::{CmId, ConnParam};
-use softrdma::transport::{AccessFlags, QpCaps, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
+use softrdma::verbs::{AccessFlags, QpCaps, SendFlags, SendOp, Sge, WcOpcode, WcStatus};
 use softrdma::verbs::{
     CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr,
     QpType, QueuePair, RecvWr, SendWr, WorkCompletion,

@@ -95,6 +95,9 @@ impl std::os::fd::AsRawFd for EventChannel {
 
 impl EventChannel {
     /// `rdma_create_event_channel`.
+    ///
+    /// # Errors
+    /// [`CmaError::Io`] if no eventfd can be made.
     pub fn new() -> Result<EventChannel> {
         // Blocking, so that a program that sets O_NONBLOCK on the fd itself (as librdmacm's
         // callers do to make `rdma_get_cm_event` non-blocking) can be told apart; the channel
@@ -117,6 +120,9 @@ impl EventChannel {
     }
 
     /// `rdma_create_id`: a new id in port space `ps` (TCP: RC connections; UDP: UD with SIDR).
+    ///
+    /// # Errors
+    /// [`CmaError::Io`] if the id's resources cannot be made.
     pub fn create_id(&self, ps: PortSpace) -> Result<CmId> {
         CmId::new(&self.inner, ps)
     }
@@ -128,12 +134,18 @@ impl EventChannel {
 
     /// Make [`EventChannel::get_cm_event`] return [`CmaError::WouldBlock`] instead of waiting
     /// (as `fcntl(channel->fd, F_SETFL, O_NONBLOCK)` does in C).
+    ///
+    /// # Errors
+    /// None today (a `Result` as librdmacm's `fcntl` has).
     pub fn set_nonblocking(&self, on: bool) -> Result<()> {
         self.inner.nonblocking.store(on, Ordering::Relaxed);
         Ok(())
     }
 
     /// `rdma_get_cm_event`: the next event; waits for one unless the channel is non-blocking.
+    ///
+    /// # Errors
+    /// [`CmaError::WouldBlock`] on a non-blocking channel with no event.
     pub fn get_cm_event(&self) -> Result<CmEvent> {
         let nb = self.inner.nonblocking.load(Ordering::Relaxed);
         let mut q = self.inner.q.lock().unwrap_or_else(|p| p.into_inner());
@@ -173,6 +185,9 @@ impl EventChannel {
 
     /// Wait for an event of type `want` on any id, failing with the unexpected event otherwise
     /// (the pattern of every rdma_cm example's `wait_event`).
+    ///
+    /// # Errors
+    /// [`WaitError::Timeout`] if nothing came in time; [`WaitError::Unexpected`] with the event that came instead.
     pub fn wait_event(
         &self,
         want: EventType,
@@ -190,7 +205,9 @@ impl EventChannel {
 #[derive(Debug, thiserror::Error)]
 pub enum WaitError {
     #[error("unexpected event {:?} (status {})", .0.event(), .0.status())]
+    /// Another event came (it is in here, unacknowledged until dropped).
     Unexpected(CmEvent),
     #[error("no event in time")]
+    /// No event came in time.
     Timeout,
 }

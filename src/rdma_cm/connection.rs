@@ -218,6 +218,16 @@ impl Listener {
     /// Listen on `addr` (`0.0.0.0:0` for any address and a free port; see
     /// [`Listener::local_addr`]).
     ///
+    ///
+    /// ```
+    /// # use softrdma::rdma_cm::*;
+    /// let l = Listener::bind("127.0.0.1:0".parse().unwrap())?;
+    /// assert_ne!(l.local_addr().unwrap().port(), 0);
+    /// // A second listener on the same port is refused.
+    /// assert!(matches!(Listener::bind(l.local_addr().unwrap()), Err(CmaError::AddrInUse)));
+    /// # Ok::<(), CmaError>(())
+    /// ```
+    ///
     /// # Errors
     /// [`CmaError::AddrInUse`] if another listener has the port; what the device open returns.
     pub fn bind(addr: SocketAddr) -> Result<Listener> {

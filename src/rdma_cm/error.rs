@@ -6,6 +6,7 @@ use crate::verbs::VerbsError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CmaError {
+    /// A parameter is wrong (the text says which).
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
     /// The call does not fit where the id is in its life (connect before the route is
@@ -18,29 +19,47 @@ pub enum CmaError {
     /// A one-call helper got another event than the one it waited for.
     #[error("waiting for {waiting_for}, got {got} (status {status})")]
     Unexpected {
+        /// The event awaited.
         waiting_for: &'static str,
+        /// The event that came.
         got: super::EventType,
+        /// Its status (negative errno, or the REJ reason).
         status: i32,
     },
+    /// The rdma_cm port is taken on that address (another id binds or listens on it).
     #[error("address already in use")]
     AddrInUse,
     #[error("address not available on this host: {0}")]
+    /// No device has that address.
     AddrNotAvailable(std::net::IpAddr),
     #[error("no ephemeral port left")]
+    /// Every ephemeral rdma_cm port is in use.
     NoPorts,
     #[error("private data of {len} bytes is larger than {max}")]
-    PrivateDataTooLong { len: usize, max: usize },
+    /// Private data longer than the message carries.
+    PrivateDataTooLong {
+        /// Bytes given.
+        len: usize,
+        /// Bytes the message carries.
+        max: usize,
+    },
     #[error("no RDMA device")]
+    /// No RDMA device could be opened, or the id has none yet.
     NoDevice,
     #[error("no event is waiting (non-blocking channel)")]
+    /// A non-blocking channel has no event.
     WouldBlock,
     #[error("the id still has {0} event(s) not acknowledged")]
+    /// The id still has this many events not acknowledged (drop or `ack` them first).
     Busy(u64),
     #[error("the QP is on another device than the id")]
+    /// The QP or PD is on another device than the id.
     WrongDevice,
     #[error(transparent)]
+    /// A verb underneath failed.
     Verbs(#[from] VerbsError),
     #[error(transparent)]
+    /// The system refused something (an fd, a thread).
     Io(#[from] std::io::Error),
 }
 
@@ -65,6 +84,7 @@ impl CmaError {
     }
 }
 
+/// The result of an rdma_cm call.
 pub type Result<T> = std::result::Result<T, CmaError>;
 
 impl From<crate::endpoint::EndpointError> for CmaError {

@@ -9,18 +9,31 @@ use crate::verbs::AddressVector;
 /// `enum rdma_cm_event_type`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum EventType {
+    /// `RDMA_CM_EVENT_ADDR_RESOLVED`: `resolve_addr` found the device.
     AddrResolved,
+    /// `RDMA_CM_EVENT_ADDR_ERROR`: it did not.
     AddrError,
+    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`: `resolve_route` is done.
     RouteResolved,
+    /// `RDMA_CM_EVENT_ROUTE_ERROR`.
     RouteError,
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST`: a peer connects to a listener (on a new id).
     ConnectRequest,
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the peer accepted; the program moves its own QP.
     ConnectResponse,
+    /// `RDMA_CM_EVENT_CONNECT_ERROR`.
     ConnectError,
+    /// `RDMA_CM_EVENT_UNREACHABLE`: the peer never answered.
     Unreachable,
+    /// `RDMA_CM_EVENT_REJECTED`: the peer refused (nobody listens, or it rejected).
     Rejected,
+    /// `RDMA_CM_EVENT_ESTABLISHED`: the connection is up.
     Established,
+    /// `RDMA_CM_EVENT_DISCONNECTED`: either side disconnected, or the peer went away.
     Disconnected,
+    /// `RDMA_CM_EVENT_DEVICE_REMOVAL`.
     DeviceRemoval,
+    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`: the QP may be reused.
     TimewaitExit,
 }
 
@@ -58,13 +71,18 @@ impl std::fmt::Display for EventType {
 pub struct ConnParam {
     /// At most 56 bytes for connect, 196 for accept.
     pub private_data: Vec<u8>,
+    /// RDMA READs and atomics this side serves at a time (0: none; needed above 0 for the
+    /// peer's READs).
     pub responder_resources: u8,
+    /// RDMA READs and atomics this side issues at a time (0: none).
     pub initiator_depth: u8,
+    /// End-to-end flow control (the REQ/REP bit; informational here).
     pub flow_control: bool,
     /// 0..=7: transport retries (connect only).
     pub retry_count: u8,
     /// 0..=7, 7 infinite.
     pub rnr_retry_count: u8,
+    /// The QP takes its receives from a shared receive queue.
     pub srq: bool,
     /// Events: the peer's QP number. `connect`/`accept` on an id without a QP from
     /// [`CmId::create_qp`](super::CmId::create_qp): the QP the program manages itself (it then
@@ -92,17 +110,24 @@ impl Default for ConnParam {
 /// `struct rdma_ud_param`: what a UDP-port-space resolution reports.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct UdParam {
+    /// Private data of the SIDR reply.
     pub private_data: Vec<u8>,
+    /// Address of the peer, for an address handle.
     pub ah_attr: AddressVector,
+    /// The peer's UD QPN.
     pub qp_num: u32,
+    /// The peer's Q_Key.
     pub qkey: u32,
 }
 
 /// The parameters an event carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventParam {
+    /// No parameters.
     None,
+    /// A connected id's (RC/UC).
     Conn(ConnParam),
+    /// A UD id's (SIDR).
     Ud(UdParam),
 }
 
@@ -161,6 +186,7 @@ impl CmEvent {
         self.raw().listen_id.as_ref()
     }
 
+    /// The event's type.
     pub fn event(&self) -> EventType {
         self.raw().event
     }
@@ -171,6 +197,7 @@ impl CmEvent {
         self.raw().status
     }
 
+    /// The event's parameters.
     pub fn param(&self) -> &EventParam {
         &self.raw().param
     }

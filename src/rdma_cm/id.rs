@@ -87,8 +87,11 @@ pub(crate) struct IdState {
 /// about 100 s. A softrdma extension (librdmacm has no call for it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CmTimeouts {
+    /// Packet life time exponent of the path (4.096 µs × 2^n).
     pub packet_life_time: u8,
+    /// How long the CM waits for an answer (exponent, as above).
     pub cm_response_timeout: u8,
+    /// How often a CM message is sent again before giving up.
     pub max_cm_retries: u8,
 }
 
@@ -483,6 +486,9 @@ impl CmId {
     /// itself (no [`CmId::create_qp`]) to that state for this connection — on the passive side
     /// from the CONNECT_REQUEST on (before `accept`, which must then name the QP in
     /// [`ConnParam::qp_num`]), on the active side after CONNECT_RESPONSE.
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidState`] before the connection parameters are known (see the text).
     pub fn init_qp_attr(&self, state: QpState) -> Result<QpAttr> {
         let mut st = self.inner().state();
         if st.settled.is_none() && st.phase == Phase::ConnectRequest {
@@ -519,6 +525,9 @@ impl CmId {
 
     /// `rdma_establish`: after CONNECT_RESPONSE, with the program's own QP in RTS. (The RTU
     /// went out with the REP's acceptance, so there is nothing left to send.)
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidState`] without a CONNECT_RESPONSE to confirm.
     pub fn establish(&self) -> Result<()> {
         let st = self.inner().state();
         if st.own_qp.is_none() || st.settled.is_none() {
@@ -528,6 +537,9 @@ impl CmId {
     }
 
     /// Set the CM timeouts used by the next [`CmId::connect`] (see [`CmTimeouts`]).
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidArgument`] for a value out of its range.
     pub fn set_cm_timeouts(&self, t: CmTimeouts) -> Result<()> {
         if t.packet_life_time > 31 || t.cm_response_timeout > 31 || t.max_cm_retries > 15 {
             return Err(CmaError::InvalidArgument(
@@ -542,6 +554,9 @@ impl CmId {
     /// port 0 picks an ephemeral port ([`CmId::local_socket_addr`] tells which); `0.0.0.0`
     /// binds every device for IPv4, `[::]` every device for IPv4 and IPv6 (as Linux with
     /// `bindv6only` 0), an address the device that has it.
+    ///
+    /// # Errors
+    /// [`CmaError::AddrInUse`] if the port is taken on that address; [`CmaError::AddrNotAvailable`] if no device has it; [`CmaError::InvalidState`] if already bound.
     pub fn bind_addr(&self, addr: impl Into<SocketAddr>) -> Result<()> {
         let mut addr = unmapped(addr.into());
         let mut st = self.inner().state();
@@ -564,6 +579,9 @@ impl CmId {
     /// `rdma_listen`: report CONNECT_REQUEST for connections to the bound port; at most
     /// `backlog` of them wait for accept/reject at a time (more are rejected). 0 means the
     /// default, 1024, as in the kernel.
+    ///
+    /// # Errors
+    /// [`CmaError::AddrInUse`] if another process listens on the port; [`CmaError::InvalidState`] if not bound.
     pub fn listen(&self, backlog: usize) -> Result<()> {
         let backlog = if backlog == 0 {
             DEFAULT_BACKLOG
@@ -615,6 +633,9 @@ impl CmId {
     /// `rdma_resolve_addr`: pick the local device and address toward `dst` (from `src` if
     /// given), IPv4 or IPv6, and bind an ephemeral port if unbound. Reports ADDR_RESOLVED or
     /// ADDR_ERROR. The source, given or bound, must be of the destination's family.
+    ///
+    /// # Errors
+    /// [`CmaError::AddrNotAvailable`] if no device reaches the destination; [`CmaError::InvalidState`] in the wrong state. Failures found later come as ADDR_ERROR events.
     pub fn resolve_addr(
         &self,
         src: Option<SocketAddr>,
@@ -672,6 +693,9 @@ impl CmId {
     }
 
     /// `rdma_resolve_route`: reports ROUTE_RESOLVED (RoCE: the path is the resolved address).
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidState`] before ADDR_RESOLVED.
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         let _ = timeout;
         let mut st = self.inner().state();
@@ -684,6 +708,9 @@ impl CmId {
 
     /// `rdma_create_qp`: an RC QP on the id's device, moved to INIT; the CM moves it to RTR and
     /// RTS when the connection is made, and to ERR on disconnect.
+    ///
+    /// # Errors
+    /// [`CmaError::WrongDevice`] if `pd` is on another device; [`CmaError::InvalidState`] if the id has a QP or no device; what [`ProtectionDomain::create_qp`] returns.
     pub fn create_qp(&self, pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         let ctx = self.context().ok_or(CmaError::InvalidState(
             "no device yet (bind or resolve first)",
@@ -736,6 +763,9 @@ impl CmId {
 
     /// `rdma_connect`: send the REQ. ESTABLISHED follows when the peer accepts (the QP is then
     /// in RTS), REJECTED or UNREACHABLE when it does not.
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidState`] before ROUTE_RESOLVED or without a QP; [`CmaError::PrivateDataTooLong`] beyond 56 bytes.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         if self.inner().ps == PortSpace::Udp {
             return self.connect_ud(param);
@@ -891,6 +921,9 @@ impl CmId {
 
     /// `rdma_accept` (on the id of a CONNECT_REQUEST): move the QP to RTS and send the REP.
     /// ESTABLISHED follows when the RTU arrives. In the UDP port space: the SIDR_REP.
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidState`] on an id that is no incoming request, or without a QP; [`CmaError::PrivateDataTooLong`] beyond 196 bytes.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         if self.inner().ps == PortSpace::Udp {
             return self.accept_ud(param);
@@ -968,6 +1001,9 @@ impl CmId {
 
     /// `rdma_reject` (on the id of a CONNECT_REQUEST): REJ with up to 148 bytes of private data;
     /// the peer sees REJECTED with status 28 (consumer defined).
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidState`] on an id that is no incoming request; [`CmaError::PrivateDataTooLong`] beyond 148 bytes.
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         let max = if self.inner().ps == PortSpace::Udp {
             sidr::REP_PRIVATE_DATA_LEN
@@ -1007,6 +1043,9 @@ impl CmId {
     /// `rdma_disconnect`: move the QP to ERR (its posted work completes with flush errors) and
     /// send the DREQ, or the DREP if the peer disconnected first. Both sides then see
     /// DISCONNECTED.
+    ///
+    /// # Errors
+    /// [`CmaError::InvalidState`] if the id has no connection.
     pub fn disconnect(&self) -> Result<()> {
         let ctx = {
             let st = self.inner().state();
@@ -1075,6 +1114,9 @@ impl CmId {
 
     /// Like [`CmId::destroy`], but fails with [`CmaError::Busy`] instead of waiting when events
     /// are not acknowledged.
+    ///
+    /// # Errors
+    /// [`CmaError::Busy`] (with the id back) while its events are not acknowledged.
     pub fn try_destroy(self) -> std::result::Result<(), (CmaError, CmId)> {
         let n = self.inner().unacked();
         if n > 0 {

@@ -40,6 +40,9 @@ pub use id::{CmId, CmTimeouts};
 /// The device contexts rdma_cm ids use, one for each device that can be opened (librdmacm's
 /// `rdma_get_devices`): the same [`crate::verbs::Context`] that [`CmId::context`] returns for
 /// an id on that device.
+///
+/// # Errors
+/// [`CmaError::NoDevice`] if no device can be opened.
 pub fn device_contexts() -> Result<Vec<crate::verbs::Context>> {
     route::all_contexts()
 }

@@ -12,6 +12,20 @@ use crate::transport::{AddressVector, Completion, CqSide};
 /// `sgid_index` picks the local address it is sent from.
 pub type AhAttr = AddressVector;
 
+impl AddressVector {
+    /// The address of `dgid` (a peer's GID: its IP address) from the device's first address of
+    /// its family, on port 1, hop limit 64: what an AH or a connected QP's `ah_attr` usually is.
+    /// (`Default` is libibverbs' zeroed structure, whose port 0 an AH refuses.)
+    pub fn new(dgid: [u8; 16]) -> AddressVector {
+        AddressVector {
+            dgid,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        }
+    }
+}
+
 /// An address handle (`struct ibv_ah`), created in a protection domain and usable by the UD QPs
 /// of that PD. Dropping it destroys it (`ibv_destroy_ah`); WRs already posted keep their copy.
 #[derive(Clone)]
@@ -42,6 +56,9 @@ impl AddressHandle {
     /// `ibv_init_ah_from_wc` + `ibv_create_ah` (`ibv_create_ah_from_wc`): an AH that answers the
     /// sender of a received UD message, from the GRH its completion carries, sent from the
     /// address the message came to.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a completion without a GRH (not a UD receive).
     pub fn from_completion(
         pd: &ProtectionDomain,
         port_num: u8,
@@ -59,6 +76,9 @@ impl AddressHandle {
     /// GID table at hand, `sgid_index` is 0: an IPv6 sender is then answered from the
     /// device's first IPv6 address (see [`Context::gid_index`](super::Context::gid_index)
     /// for the index of the address it came to, `WcGrh::dgid`).
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a completion without a GRH (not a UD receive).
     pub fn attr_from_completion(port_num: u8, wc: &Completion) -> Result<AhAttr> {
         let grh = match (wc.side, wc.grh) {
             (CqSide::Recv, Some(g)) => g,

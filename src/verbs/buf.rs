@@ -243,6 +243,13 @@ impl RemoteSlice {
     }
 
     /// The buffer in pieces of `n` bytes (the last may be shorter).
+    ///
+    /// ```
+    /// # use softrdma::verbs::RemoteSlice;
+    /// let buf = RemoteSlice { addr: 0x1000, len: 10_000, rkey: 9 };
+    /// let lens: Vec<u64> = buf.chunks(4096).map(|c| c.len).collect();
+    /// assert_eq!(lens, [4096, 4096, 1808]);
+    /// ```
     pub fn chunks(&self, n: u64) -> impl Iterator<Item = RemoteSlice> + '_ {
         let n = n.max(1);
         (0..self.len.div_ceil(n)).map(move |i| RemoteSlice {

@@ -36,6 +36,9 @@ impl CompletionChannel {
 
     /// Make [`CompletionChannel::get_cq_event`] return `WouldBlock` instead of waiting (what the
     /// seeds do with `fcntl(fd, F_SETFL, O_NONBLOCK)`; that works too).
+    ///
+    /// # Errors
+    /// [`VerbsError::Io`] if `fcntl` fails.
     pub fn set_nonblocking(&self, on: bool) -> Result<()> {
         let fd = self.fd();
         // SAFETY: fcntl on our own open descriptor.
@@ -54,6 +57,9 @@ impl CompletionChannel {
 
     /// `ibv_get_cq_event`: wait for the next event and return the CQ it is for. Each event must
     /// be acknowledged with [`CompletionQueue::ack_events`].
+    ///
+    /// # Errors
+    /// [`VerbsError::WouldBlock`] on a non-blocking channel with no event.
     pub fn get_cq_event(&self) -> Result<CompletionQueue> {
         let mut v: u64 = 0;
         self.shared.app_blocking();

@@ -249,6 +249,33 @@ impl Qp<Rc> {
 impl Qp<Ud> {
     /// Make the UD QP ready to send and receive: RESET → INIT (with Q_Key `qkey`) → RTR → RTS.
     ///
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # use std::time::Duration;
+    /// # let ctx = devices()?.pop().unwrap().open()?;
+    /// # let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(16, None)?;
+    /// let (a, b) = (pd.create_ud_qp(&cq)?, pd.create_ud_qp(&cq)?);
+    /// a.activate(0x1111)?;
+    /// b.activate(0x1111)?;
+    /// let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE)?;
+    /// // A UD receive buffer starts with GRH_LEN bytes for the network header.
+    /// b.recv(mr.slice(..GRH_LEN + 64)?).post()?;
+    /// mr.write(200, b"datagram")?;
+    /// let ah = pd.create_ah(&AhAttr::new(ctx.gid()))?;
+    /// a.send_to(mr.slice(200..208)?, &ah, b.qp_num(), 0x1111).post()?;
+    /// let mut n = 0;
+    /// while n < 2 {
+    ///     cq.wait(Duration::from_secs(5))?.ok()?;
+    ///     n += 1;
+    /// }
+    /// let mut got = [0u8; 8];
+    /// mr.read(GRH_LEN, &mut got)?;
+    /// assert_eq!(&got, b"datagram");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     /// What [`QueuePair::modify`](super::QueuePair::modify) returns.
     pub fn activate(&self, qkey: u32) -> Result<()> {

@@ -138,6 +138,9 @@ impl Context {
     }
 
     /// `ibv_query_port`. The only port is 1.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a port other than 1.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         if port != 1 {
             return Err(VerbsError::InvalidArgument("port number must be 1"));
@@ -158,6 +161,9 @@ impl Context {
     /// 0 and 1 both hold the IPv4-mapped GID (`::ffff:a.b.c.d`) when the endpoint has an IPv4
     /// address (else its first IPv6 address), and its IPv6 addresses follow (global ones, then
     /// link-local ones); `gid_tbl_len` entries in all ([`Context::query_port`]).
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a port other than 1 or an index past the table.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
         if port != 1 {
             return Err(VerbsError::InvalidArgument("no such GID"));
@@ -180,6 +186,9 @@ impl Context {
     }
 
     /// `ibv_alloc_pd`.
+    ///
+    /// # Errors
+    /// [`VerbsError::NoResources`] beyond `max_pd`.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         Ok(ProtectionDomain {
             _slot: self.shared.pd_quota.take()?,
@@ -189,6 +198,23 @@ impl Context {
     }
 
     /// `ibv_create_comp_channel`.
+    ///
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # use std::os::fd::AsRawFd;
+    /// # use std::time::Duration;
+    /// # let ctx = devices()?.pop().unwrap().open()?;
+    /// let ch = ctx.create_comp_channel()?;
+    /// let cq = ctx.create_cq(16, Some(&ch))?;
+    /// // Its fd goes in epoll/poll; CompletionQueue::wait sleeps on it for you.
+    /// assert!(ch.as_raw_fd() >= 0);
+    /// assert!(matches!(cq.wait(Duration::from_millis(10)), Err(VerbsError::Timeout(_))));
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`VerbsError::Io`] if no eventfd can be made.
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         Ok(CompletionChannel {
             inner: Arc::new(ChannelShared::new()?),
@@ -197,6 +223,9 @@ impl Context {
     }
 
     /// `ibv_create_cq` with at least `cqe` entries.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for 0 or more than `max_cqe` entries, or a channel of another context; [`VerbsError::NoResources`] beyond `max_cq`.
     pub fn create_cq(
         &self,
         cqe: u32,
@@ -233,12 +262,22 @@ impl Context {
     }
 
     /// Packet counters of the endpoint.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] on a thread holding a [`MrGuard`](super::MrGuard).
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.shared.lock_engine_for_verb()?.stats)
     }
 
     /// `ibv_get_async_event` without waiting: the oldest unread async event, if any. (No
     /// acknowledgement is needed: the event is a copy.)
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # let ctx = devices()?.pop().unwrap().open()?;
+    /// assert!(ctx.poll_async_event().is_none(), "nothing happened yet");
+    /// # Ok::<(), VerbsError>(())
+    /// ```
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.shared.async_events.pop()
     }

@@ -22,6 +22,19 @@ impl CompletionQueue {
     ///
     /// An empty CQ drives the transport on the caller's thread first (receive, timers, transmit),
     /// so an application that busy-polls needs no thread hop on its latency path.
+    ///
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # let ctx = devices()?.pop().unwrap().open()?;
+    /// let cq = ctx.create_cq(16, None)?;
+    /// let mut wcs = [WorkCompletion::default(); 8];
+    /// assert_eq!(cq.poll(&mut wcs)?, 0, "nothing yet");
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`VerbsError::CqOverrun`] once the CQ overran.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         let n = self.inner.pop_into(out)?;
         if n > 0 || out.is_empty() {
@@ -33,6 +46,9 @@ impl CompletionQueue {
     }
 
     /// Poll one completion.
+    ///
+    /// # Errors
+    /// [`VerbsError::CqOverrun`] once the CQ overran.
     pub fn poll_one(&self) -> Result<Option<Completion>> {
         let mut c = [Completion::default()];
         Ok((self.poll(&mut c)? == 1).then_some(c[0]))
@@ -102,6 +118,25 @@ impl CompletionQueue {
 
     /// The completions waiting now, polled in batches (drives the transport once when empty,
     /// as [`CompletionQueue::poll`] does). An error of the CQ (an overrun) ends the iteration.
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # let ctx = devices()?.pop().unwrap().open()?;
+    /// # let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(64, None)?;
+    /// let (a, b) = (pd.create_rc_qp(&cq)?, pd.create_rc_qp(&cq)?);
+    /// a.connect(&b.endpoint(), &ConnectOptions::default())?;
+    /// b.connect(&a.endpoint(), &ConnectOptions::default())?;
+    /// let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// for i in 0..4 {
+    ///     a.write(mr.slice(..8)?, mr.remote(8..16)?).id(i).post()?;
+    /// }
+    /// let mut done = 0;
+    /// while done < 4 {
+    ///     done += cq.drain().filter(|wc| wc.status == WcStatus::Success).count();
+    /// }
+    /// # Ok::<(), VerbsError>(())
+    /// ```
     pub fn drain(&self) -> Drain<'_> {
         Drain {
             cq: self,
@@ -113,6 +148,9 @@ impl CompletionQueue {
 
     /// `ibv_req_notify_cq`: arm the CQ's channel for the next completion (or the next solicited
     /// or error one). One-shot, as in verbs.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] if the CQ has no completion channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         if self.inner.channel.is_none() {
             return Err(VerbsError::InvalidArgument("CQ has no completion channel"));
@@ -138,6 +176,7 @@ impl CompletionQueue {
         self.inner.len()
     }
 
+    /// No completion waits.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -145,6 +184,9 @@ impl CompletionQueue {
     /// `ibv_destroy_cq`: fails with [`VerbsError::Busy`] (EBUSY), handing the CQ back, while a
     /// QP uses it or channel events are unacknowledged. Other handles to a destroyed CQ can
     /// still poll what it holds, but no QP can be created on it.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] (with the CQ back) while a QP uses it or channel events are unacknowledged.
     pub fn destroy(self) -> std::result::Result<(), (VerbsError, CompletionQueue)> {
         match self.inner.destroy() {
             Ok(()) => Ok(()),

@@ -47,6 +47,9 @@ pub struct Device {
 /// only IPv6 addresses gets a device too). Any number of processes open a device at once
 /// (`driver::share`). With `SOFTRDMA_ADDR=a.b.c.d` (or an IPv6 address, `fe80::1%eth0` for a
 /// link-local one) set, exactly one device, pinned to that one address.
+///
+/// # Errors
+/// [`VerbsError::InvalidArgument`] if `SOFTRDMA_ADDR` is no address; [`VerbsError::Io`] if the interfaces cannot be listed.
 pub fn devices() -> Result<Vec<Device>> {
     if let Ok(a) = std::env::var("SOFTRDMA_ADDR") {
         return pinned_device(&a).map(|d| vec![d]);
@@ -176,6 +179,16 @@ impl Device {
     /// `ibv_open_device`: bind the endpoint (UDP 4791 on the IPv4 address and on each IPv6
     /// address, shared with this user's other processes) and start its progress thread.
     ///
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// let ctx = devices()?.pop().expect("the loopback device").open()?;
+    /// assert!(ctx.addr().is_loopback());
+    /// let port = ctx.query_port(1)?;
+    /// assert_eq!(port.state, PortState::Active);
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    ///
     /// # Errors
     /// [`VerbsError::AddrInUse`] when port 4791 of the address is held by another user, kernel
     /// rdma_rxe or a program that does not share it (the error names it; the device is never
@@ -185,6 +198,9 @@ impl Device {
         Context::open(self.clone(), &ContextOptions::default())
     }
     /// [`Device::open`] with options (packet capture).
+    ///
+    /// # Errors
+    /// As [`Device::open`], and [`VerbsError::Io`] if the capture file cannot be created.
     pub fn open_with(&self, opts: &ContextOptions) -> Result<Context> {
         Context::open(self.clone(), opts)
     }
@@ -216,60 +232,96 @@ pub(crate) fn guid_of(v4: Option<Ipv4Addr>, v6: Option<Ipv6Addr>) -> u64 {
 /// `struct ibv_device_attr`, the fields that mean something here.
 #[derive(Clone, Debug)]
 pub struct DeviceAttr {
+    /// Firmware version: softrdma's version.
     pub fw_ver: String,
+    /// Node GUID, derived from the address (as rxe derives it from the MAC).
     pub node_guid: u64,
+    /// System image GUID: the node GUID.
     pub sys_image_guid: u64,
+    /// Largest memory region, in bytes.
     pub max_mr_size: u64,
+    /// IEEE vendor ID (`0xffffff`: none).
     pub vendor_id: u32,
+    /// Vendor part ID (0).
     pub vendor_part_id: u32,
+    /// Hardware version (0).
     pub hw_ver: u32,
+    /// Queue pairs per context.
     pub max_qp: u32,
+    /// Work requests per queue.
     pub max_qp_wr: u32,
+    /// Scatter/gather entries per work request.
     pub max_sge: u32,
+    /// Completion queues per context.
     pub max_cq: u32,
+    /// Entries per completion queue.
     pub max_cqe: u32,
+    /// Memory regions per context.
     pub max_mr: u32,
+    /// Protection domains per context.
     pub max_pd: u32,
+    /// RDMA READs and atomics a QP serves at a time (`max_dest_rd_atomic` at most).
     pub max_qp_rd_atom: u32,
+    /// RDMA READs and atomics a QP issues at a time (`max_rd_atomic` at most).
     pub max_qp_init_rd_atom: u32,
+    /// RDMA READ and atomic responder resources of the device.
     pub max_res_rd_atom: u32,
+    /// Shared receive queues per context.
     pub max_srq: u32,
+    /// Work requests per shared receive queue.
     pub max_srq_wr: u32,
+    /// Scatter/gather entries per shared receive queue work request.
     pub max_srq_sge: u32,
     /// `IBV_ATOMIC_HCA`: atomics are atomic with respect to this device's other atomics.
     pub atomic_cap: AtomicCap,
+    /// Ports (1).
     pub phys_port_cnt: u8,
+    /// Partition keys in the table (1: the default).
     pub max_pkeys: u16,
 }
 
 /// `enum ibv_atomic_cap`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum AtomicCap {
+    /// `IBV_ATOMIC_NONE`: no atomics.
     None,
+    /// `IBV_ATOMIC_HCA`: atomic with respect to this device's atomics.
     Hca,
+    /// `IBV_ATOMIC_GLOB`: atomic with respect to every access to the memory.
     Glob,
 }
 
 /// `enum ibv_port_state`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum PortState {
+    /// `IBV_PORT_DOWN`.
     Down = 1,
+    /// `IBV_PORT_INIT`.
     Init = 2,
+    /// `IBV_PORT_ARMED`.
     Armed = 3,
+    /// `IBV_PORT_ACTIVE`: the interface is up.
     Active = 4,
 }
 
 /// `struct ibv_port_attr`, the fields that mean something for RoCE.
 #[derive(Clone, Debug)]
 pub struct PortAttr {
+    /// Whether the port (the network interface) is up.
     pub state: PortState,
+    /// The largest path MTU the port supports.
     pub max_mtu: Mtu,
+    /// The largest path MTU that fits the interface's MTU with RoCEv2 headers.
     pub active_mtu: Mtu,
+    /// Entries in the GID table (see `Context::query_gid`).
     pub gid_tbl_len: u32,
+    /// Largest message, in bytes.
     pub max_msg_sz: u64,
+    /// Entries in the partition key table.
     pub pkey_tbl_len: u16,
     /// 0 on Ethernet, as with rxe.
     pub lid: u16,
+    /// `IBV_LINK_LAYER_ETHERNET`: always (RoCE).
     pub link_layer_ethernet: bool,
 }
 

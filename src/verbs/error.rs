@@ -6,12 +6,16 @@ use crate::transport::{MemError, PostError, QpError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerbsError {
+    /// A parameter is wrong (the text says which); `EINVAL`.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// The object is in use (the text says by what); `EBUSY`.
     #[error("resource busy: {0}")]
     Busy(&'static str),
+    /// A device limit is reached (the text says which); `ENOMEM`.
     #[error("out of resources: {0}")]
     NoResources(&'static str),
+    /// No such device or address; `ENODEV`.
     #[error("no such device or address: {0}")]
     NotFound(String),
     /// UDP port 4791 of the device's address is held by something softrdma cannot share it
@@ -24,13 +28,16 @@ pub enum VerbsError {
          docs/security.md)"
     )]
     AddrInUse {
+        /// The device's address.
         addr: std::net::IpAddr,
+        /// Who holds the port (uid, pid and command when visible).
         holder: String,
     },
     /// The device's address could not be shared with this user's other processes (an unsafe
     /// state directory, another softrdma version on the address, a stuck registry).
     #[error(transparent)]
     Share(crate::driver::share::ShareError),
+    /// A non-blocking channel has no event; `EAGAIN`.
     #[error("operation would block")]
     WouldBlock,
     /// Nothing came within the time given (a wait).
@@ -41,25 +48,41 @@ pub enum VerbsError {
     OutOfBounds {
         /// What was cut ("memory region", "remote buffer").
         what: &'static str,
+        /// Start of the range asked for.
         start: u64,
+        /// End of the range asked for (exclusive).
         end: u64,
+        /// Size of the buffer.
         size: u64,
     },
     /// A work request completed with an error ([`WorkCompletion::ok`](super::WorkCompletion::ok)).
     #[error(transparent)]
     Completion(#[from] super::WcError),
     #[error("completion queue overrun: more completions than its capacity")]
+    /// More completions came than the CQ holds; `EOVERFLOW`.
     CqOverrun,
     #[error(transparent)]
+    /// The QP refused the change (state machine, attribute checks); `EINVAL`.
     Qp(#[from] QpError),
     /// `ibv_post_send`/`ibv_post_recv` refused the work request at `index` of the list (the
     /// `bad_wr`); the ones before it were posted.
     #[error("post failed at work request {index}: {error}")]
-    Post { index: usize, error: PostError },
+    Post {
+        /// Index of the first work request not posted.
+        index: usize,
+        /// Why.
+        error: PostError,
+    },
     /// An inline send's scatter/gather list could not be read at post time (the `bad_wr` is at
     /// `index`; the ones before it were posted).
     #[error("post failed at work request {index}: inline data: {error}")]
-    PostInline { index: usize, error: MemError },
+    PostInline {
+        /// Index of the first work request not posted.
+        index: usize,
+        /// Why the data could not be read.
+        error: MemError,
+    },
+    /// The system refused something (a socket, an fd, a thread).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -129,4 +152,5 @@ impl From<crate::endpoint::EndpointError> for VerbsError {
     }
 }
 
+/// The result of a verb.
 pub type Result<T, E = VerbsError> = std::result::Result<T, E>;

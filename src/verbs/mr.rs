@@ -127,18 +127,23 @@ impl MemoryRegion {
     pub fn addr(&self) -> u64 {
         self.inner.addr
     }
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.inner.len
     }
+    /// Whether the region is empty.
     pub fn is_empty(&self) -> bool {
         self.inner.len == 0
     }
+    /// The local key: what this side's scatter/gather entries name.
     pub fn lkey(&self) -> u32 {
         self.inner.key
     }
+    /// The remote key: what peers name to reach the region (see [`MemoryRegion::remote`]).
     pub fn rkey(&self) -> u32 {
         self.inner.key
     }
+    /// The access it was registered with.
     pub fn access(&self) -> AccessFlags {
         self.inner.access
     }
@@ -155,6 +160,9 @@ impl MemoryRegion {
 
     /// Copy `dst.len()` bytes from `offset`. (On a raw region this reads the caller's memory,
     /// as the transport does: a peer's WRITE landing meanwhile gives unspecified bytes.)
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] if the range is outside the region.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.range_end(offset, dst.len())?;
         self.inner.read_at(offset, dst);
@@ -164,6 +172,22 @@ impl MemoryRegion {
     /// Copy `src` to `offset`. An owned region takes it whatever its access flags (they are
     /// about what work requests and peers may do); a raw region needs LOCAL_WRITE, since its
     /// memory may be read-only without it.
+    ///
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # let pd = devices()?.pop().unwrap().open()?.alloc_pd()?;
+    /// let mr = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE)?;
+    /// mr.write(4, b"abcd")?;
+    /// let mut b = [0u8; 8];
+    /// mr.read(0, &mut b)?;
+    /// assert_eq!(&b, b"\0\0\0\0abcd");
+    /// assert!(mr.write(14, b"too long").is_err());
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] if the range is outside the region, or the region is raw and lacks `LOCAL_WRITE`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.range_end(offset, src.len())?;
         if matches!(self.inner.mem, Backing::Raw(_))

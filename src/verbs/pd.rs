@@ -26,6 +26,20 @@ pub struct ProtectionDomain {
 impl ProtectionDomain {
     /// Allocate `len` zeroed bytes, 64-byte aligned, and register them (`ibv_reg_mr` over fresh
     /// memory).
+    ///
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # let pd = devices()?.pop().unwrap().open()?.alloc_pd()?;
+    /// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// assert_eq!((mr.len(), mr.addr() % 64), (4096, 0));
+    /// // Remote write needs local write too, as on a NIC.
+    /// assert!(pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).is_err());
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] above `max_mr_size`, or for `REMOTE_WRITE`/`REMOTE_ATOMIC` without `LOCAL_WRITE`; [`VerbsError::NoResources`] beyond `max_mr`.
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
         if len > super::device::MAX_MSG as usize {
             return Err(VerbsError::InvalidArgument("length above max_mr_size"));
@@ -38,6 +52,9 @@ impl ProtectionDomain {
     /// Register a buffer (`Vec<u8>`, `Box<[u8]>`), taking ownership of it, so it stays alive
     /// while a work request or a remote key can reach it. Its address is the region's `addr()`;
     /// [`MemoryRegion::into_inner`] gives it back.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::alloc_mr`].
     pub fn register(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<MemoryRegion> {
         let buf = buf.into();
         let len = buf.len();
@@ -134,6 +151,9 @@ impl ProtectionDomain {
     /// Dropping or deregistering the region removes its key and then returns only once no copy
     /// into or out of the memory is in flight; from then on nothing touches it, and the memory
     /// may be freed or unmapped.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for the checks above, or as [`ProtectionDomain::alloc_mr`].
     pub unsafe fn register_raw_iova(
         &self,
         addr: *mut u8,
@@ -151,6 +171,9 @@ impl ProtectionDomain {
     }
 
     /// `ibv_create_qp`.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for capacities above the device's, a CQ or SRQ of another context or PD, or no queue at all; [`VerbsError::NoResources`] beyond `max_qp`.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         QueuePair::create(self, attr)
     }
@@ -158,16 +181,25 @@ impl ProtectionDomain {
     /// `ibv_create_srq`: a shared receive queue for the QPs of this PD. EINVAL for `max_wr` 0
     /// or above `max_srq_wr`, `max_sge` above `max_srq_sge`, `srq_limit` above `max_wr`;
     /// ENOMEM beyond `max_srq`. [`SharedReceiveQueue::query`] reports what was granted.
+    ///
+    /// # Errors
+    /// See above (`EINVAL`, `ENOMEM`).
     pub fn create_srq(&self, attr: SrqInitAttr) -> Result<SharedReceiveQueue> {
         SharedReceiveQueue::create(self, attr)
     }
 
     /// `ibv_create_ah`: an address handle for the UD QPs of this PD.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a GID index out of the table or a destination the device has no address family for.
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         AddressHandle::create(self, attr)
     }
 
     /// `ibv_create_ah_from_wc`: an AH that answers the sender of a received UD message.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a completion without a GRH (not a UD receive).
     pub fn create_ah_from_wc(
         &self,
         port_num: u8,

@@ -37,9 +37,13 @@ pub enum QpType {
 
 /// `struct ibv_qp_init_attr`.
 pub struct QpInitAttr<'a> {
+    /// Where send completions go.
     pub send_cq: &'a CompletionQueue,
+    /// Where receive completions go.
     pub recv_cq: &'a CompletionQueue,
+    /// Queue capacities asked for.
     pub cap: QpCaps,
+    /// The transport.
     pub qp_type: QpType,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
@@ -79,18 +83,26 @@ impl<'a> QpInitAttr<'a> {
 /// `struct ibv_send_wr` (one of a list).
 #[derive(Clone, Debug)]
 pub struct SendWr<'a> {
+    /// Carried by the completion.
     pub wr_id: u64,
+    /// The operation and its remote address, key, immediate or atomic operands.
     pub op: SendOp,
+    /// The local buffers: gathered from (sends, writes) or scattered into (reads, atomics).
     pub sg_list: &'a [Sge],
+    /// Signaled, solicited, fence, inline.
     pub flags: SendFlags,
 }
 
 /// `struct ibv_send_wr` for a UD QP: a SEND or SEND_WITH_IMM and its `wr.ud` destination.
 #[derive(Clone, Debug)]
 pub struct UdSendWr<'a> {
+    /// Carried by the completion.
     pub wr_id: u64,
+    /// `Send` or `SendWithImm`.
     pub op: SendOp,
+    /// The local buffers gathered from.
     pub sg_list: &'a [Sge],
+    /// Signaled, solicited, inline.
     pub flags: SendFlags,
     /// `wr.ud.ah`: an address handle of the QP's protection domain.
     pub ah: &'a AddressHandle,
@@ -103,15 +115,20 @@ pub struct UdSendWr<'a> {
 /// The UD part of a prepared send WQE (`wr.ud`), for [`QueuePair::post_send_wqes`].
 #[derive(Clone, Copy, Debug)]
 pub struct UdSend<'a> {
+    /// Where to.
     pub ah: &'a AddressHandle,
+    /// The destination QP.
     pub remote_qpn: u32,
+    /// Its Q_Key (high bit set: the QP's own).
     pub remote_qkey: u32,
 }
 
 /// `struct ibv_recv_wr`.
 #[derive(Clone, Debug)]
 pub struct RecvWr<'a> {
+    /// Carried by the completion.
     pub wr_id: u64,
+    /// The buffers the message is scattered into.
     pub sg_list: &'a [Sge],
 }
 
@@ -302,6 +319,9 @@ impl QueuePair {
     /// `ibv_modify_qp`: the attributes that are `Some` are in the mask. An address vector's
     /// `sgid_index` must be in the GID table, and the device must have an address of the
     /// `dgid`'s family (IPv4-mapped or IPv6).
+    ///
+    /// # Errors
+    /// [`VerbsError::Qp`] for a transition or attribute the state machine refuses (IBA 11.2.1.5's table, as libibverbs' `EINVAL`); [`VerbsError::InvalidArgument`] for an address vector the GID table cannot serve.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
         if let Some(av) = &attr.ah_attr {
             self.shared
@@ -319,6 +339,9 @@ impl QueuePair {
     }
 
     /// `ibv_query_qp`.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] on a thread holding a [`MrGuard`](super::MrGuard).
     pub fn query(&self) -> Result<QpAttr> {
         self.with(|s| match &s.qp {
             QpTransport::Rc(q) => q.query(),
@@ -328,6 +351,9 @@ impl QueuePair {
     }
 
     /// Current state.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] on a thread holding a [`MrGuard`](super::MrGuard).
     pub fn state(&self) -> Result<QpState> {
         self.with(|s| s.qp.state())
     }
@@ -336,6 +362,9 @@ impl QueuePair {
     /// first WR that cannot be posted and returns its index, like `bad_wr`. RC and UC QPs (UC
     /// refuses RDMA READ and atomics with [`PostError::UnsupportedOp`], `EINVAL`). A UD QP takes
     /// [`QueuePair::post_send_ud`] instead (its WRs name a destination).
+    ///
+    /// # Errors
+    /// [`VerbsError::Post`] with the index of the first work request not posted and why (the QP's state, a full queue, too many SGEs, an operation the transport lacks); [`VerbsError::InvalidArgument`] on a UD QP.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         if self.qp_type == QpType::Ud {
             return Err(VerbsError::InvalidArgument(
@@ -360,6 +389,9 @@ impl QueuePair {
 
     /// `ibv_post_send` on a UD QP: each WR is one message of at most the port's active MTU
     /// (a longer one is refused here, as rdma_rxe refuses it with EINVAL), to its own AH.
+    ///
+    /// # Errors
+    /// [`VerbsError::Post`] as [`QueuePair::post_send`]; [`VerbsError::InvalidArgument`] on a connected QP or for an AH of another PD.
     pub fn post_send_ud(&self, wrs: &[UdSendWr<'_>]) -> Result<()> {
         if self.qp_type != QpType::Ud {
             return Err(VerbsError::InvalidArgument(
@@ -398,6 +430,9 @@ impl QueuePair {
     /// goes to the QP's connected peer (RC/UC) or, on a UD QP, to the destination beside it
     /// (`None` there is a bad WR). Stops at the first WQE that cannot be posted and returns its
     /// index, like `bad_wr`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`].
     pub fn post_send_wqes<'a>(
         &self,
         wqes: impl IntoIterator<Item = (SendWqe, Option<UdSend<'a>>)>,
@@ -486,6 +521,9 @@ impl QueuePair {
 
     /// `ibv_post_recv`. A QP on a shared receive queue has no receive queue of its own:
     /// EINVAL (post to the SRQ).
+    ///
+    /// # Errors
+    /// [`VerbsError::Post`] with the index of the first work request not posted (a full queue, too many SGEs, the QP in RESET or ERR); [`VerbsError::InvalidArgument`] on a QP with an SRQ.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         if self.srq.is_some() {
             return Err(VerbsError::InvalidArgument(

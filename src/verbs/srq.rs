@@ -30,7 +30,9 @@ pub struct SrqInitAttr {
 /// `struct ibv_srq_attr`, as [`SharedReceiveQueue::query`] reports it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct SrqAttr {
+    /// Receive work requests it holds.
     pub max_wr: u32,
+    /// Scatter/gather entries per work request.
     pub max_sge: u32,
     /// The armed limit; 0 when the limit event is not armed.
     pub srq_limit: u32,
@@ -88,6 +90,9 @@ impl SharedReceiveQueue {
 
     /// `ibv_post_srq_recv`: queue the WRs in order. Stops at the first WR that cannot be posted
     /// (too many SGEs: EINVAL; the SRQ full: ENOMEM) and returns its index, like `bad_wr`.
+    ///
+    /// # Errors
+    /// [`VerbsError::Post`] with the index of the first work request not posted (a full queue, too many SGEs).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut srq = self.lock_for_verb()?;
         for (index, wr) in wrs.iter().enumerate() {
@@ -106,6 +111,9 @@ impl SharedReceiveQueue {
     /// from the SRQ leaves fewer than the limit (checked at each take, as rxe does: arming a
     /// limit above the current count fires at the next take). EINVAL, changing nothing, on a
     /// bad value.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for a size below what is posted or above `max_srq_wr`, or a limit above the size.
     pub fn modify(&self, max_wr: Option<u32>, srq_limit: Option<u32>) -> Result<()> {
         if max_wr.is_some_and(|n| n > MAX_SRQ_WR) {
             return Err(VerbsError::InvalidArgument("max_wr above max_srq_wr"));
@@ -119,6 +127,9 @@ impl SharedReceiveQueue {
     }
 
     /// `ibv_query_srq`.
+    ///
+    /// # Errors
+    /// None today (a `Result` as `ibv_query_srq` has).
     pub fn query(&self) -> Result<SrqAttr> {
         let srq = self.lock_for_verb()?;
         Ok(SrqAttr {
@@ -129,18 +140,24 @@ impl SharedReceiveQueue {
     }
 
     /// WQEs posted and not yet taken by a QP.
+    ///
+    /// # Errors
+    /// None today.
     pub fn posted(&self) -> Result<usize> {
         Ok(self.lock_for_verb()?.len())
     }
 
     /// Identity of the SRQ within its context (the `srq` of
-    /// [`AsyncEvent::SrqLimitReached`]).
+    /// [`AsyncEvent::SrqLimitReached`](super::AsyncEvent::SrqLimitReached)).
     pub fn id(&self) -> u32 {
         self.inner.id
     }
 
     /// `ibv_destroy_srq`: fails with [`VerbsError::Busy`] (EBUSY), handing the SRQ back, while
     /// a QP uses it.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] (with the SRQ back) while a QP uses it.
     pub fn destroy(self) -> std::result::Result<(), (VerbsError, SharedReceiveQueue)> {
         if self.inner.qp_refs.load(Ordering::Acquire) > 0 {
             return Err((VerbsError::Busy("SRQ still used by a QP"), self));

@@ -54,7 +54,9 @@ impl QpKind for Ud {
 impl Connected for Rc {}
 impl Connected for Uc {}
 
-/// A queue pair of transport `K` (see the [module docs](self)). Dropping it destroys it.
+/// A queue pair of transport `K`: the operations it has, as methods that build work requests
+/// from buffers, signaled by default; it derefs to the untyped [`QueuePair`]. Dropping it
+/// destroys it.
 ///
 /// ```
 /// # use softrdma::verbs::*;
@@ -182,6 +184,29 @@ impl Qp<Rc> {
 
     /// An atomic fetch-and-add of `add` on the 8 bytes at the start of `remote`; the old value
     /// lands in `local` (8 bytes).
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// # use std::time::Duration;
+    /// # let ctx = devices()?.pop().unwrap().open()?;
+    /// # let pd = ctx.alloc_pd()?;
+    /// # let cq = ctx.create_cq(16, None)?;
+    /// # let (a, b) = (pd.create_rc_qp(&cq)?, pd.create_rc_qp(&cq)?);
+    /// # a.connect(&b.endpoint(), &ConnectOptions::default())?;
+    /// # b.connect(&a.endpoint(), &ConnectOptions::default())?;
+    /// let counter = pd.alloc_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)?;
+    /// let old = pd.alloc_mr(8, AccessFlags::LOCAL_WRITE)?;
+    /// for _ in 0..3 {
+    ///     a.fetch_add(&old, counter.remote(..)?, 5).post()?;
+    ///     cq.wait(Duration::from_secs(5))?.ok()?;
+    /// }
+    /// let mut v = [0u8; 8];
+    /// counter.read(0, &mut v)?;
+    /// assert_eq!(u64::from_ne_bytes(v), 15);
+    /// old.read(0, &mut v)?;
+    /// assert_eq!(u64::from_ne_bytes(v), 10, "the value before the last add");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn fetch_add<'a>(
         &'a self,
         local: impl Into<LocalSlice<'a>>,

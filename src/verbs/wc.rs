@@ -60,7 +60,8 @@ fn hint(s: WcStatus) -> &'static str {
     }
 }
 
-/// A work request that completed with an error (from [`WorkCompletion::ok`]).
+/// A work request that completed with an error (from
+/// [`WorkCompletion::ok`](super::WorkCompletion::ok)).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct WcError {
     /// The completion as it came.
@@ -86,6 +87,15 @@ impl std::error::Error for WcError {}
 
 impl Completion {
     /// The completion if it succeeded, else a [`WcError`] that says what failed.
+    ///
+    ///
+    /// ```
+    /// # use softrdma::verbs::*;
+    /// let wc = WorkCompletion { status: WcStatus::RetryExcErr, wr_id: 7, ..Default::default() };
+    /// let e = wc.ok().unwrap_err();
+    /// assert!(e.to_string().contains("transport retry counter exceeded"));
+    /// # let _ = WorkCompletion { status: WcStatus::Success, ..Default::default() }.ok().unwrap();
+    /// ```
     ///
     /// # Errors
     /// [`WcError`] unless the status is [`WcStatus::Success`].

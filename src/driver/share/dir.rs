@@ -85,7 +85,7 @@ fn location() -> io::Result<(PathBuf, String)> {
 }
 
 fn mode_of(st: &rustix::fs::Stat) -> u32 {
-    st.st_mode as u32 & 0o7777
+    st.st_mode & 0o7777
 }
 
 /// The parent may hold our directory: it belongs to root or to us, and if others may write

@@ -15,7 +15,12 @@ pub enum ShareError {
          registry there and refuses it; remove it (it may have been planted by another user), or \
          set XDG_RUNTIME_DIR (or TMPDIR) to a directory only you can write"
     )]
-    UnsafeDir { path: PathBuf, why: String },
+    UnsafeDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// UDP port 4791 of the address is bound by something that is not a softrdma process of
     /// this user (another user, kernel rdma_rxe, another program): the device stays on its
     /// address and is not opened.
@@ -25,7 +30,12 @@ pub enum ShareError {
          device, or have the administrator reserve port 4791 for softrdma (`softrdma holder`, \
          docs/security.md)"
     )]
-    PortHeld { addr: IpAddr, holder: String },
+    PortHeld {
+        /// The device's address.
+        addr: IpAddr,
+        /// Who holds the port (uid, pid and command when visible).
+        holder: String,
+    },
     /// The address's group has a member that speaks another sharing protocol (an older
     /// softrdma) or none: sharing with it would misroute live connections.
     #[error(
@@ -34,9 +44,13 @@ pub enum ShareError {
          stop that process, or run every program on this address with one softrdma version"
     )]
     OtherVersion {
+        /// The address.
         addr: IpAddr,
+        /// The stranger's process(es).
         who: String,
+        /// What it speaks, as its probe answers tell.
         what: String,
+        /// The sharing protocol this build speaks.
         ours: u8,
     },
     /// Port 4791 is privileged on this host (`net.ipv4.ip_unprivileged_port_start` above it:
@@ -46,10 +60,20 @@ pub enum ShareError {
         "UDP port 4791 of {addr} is reserved on this host (a privileged port) and {why}; the \
          administrator runs `softrdma holder` to hand it to softrdma users (docs/security.md)"
     )]
-    Reserved { addr: IpAddr, why: String },
+    Reserved {
+        /// The address.
+        addr: IpAddr,
+        /// Why no socket came from the holder.
+        why: String,
+    },
     /// The registry's lock stayed taken (a process stopped while changing it).
     #[error("the softrdma registry of {addr} stayed locked for {secs} s (a process stopped while changing it?)")]
-    Locked { addr: IpAddr, secs: u64 },
+    Locked {
+        /// The address.
+        addr: IpAddr,
+        /// How long it waited.
+        secs: u64,
+    },
 }
 
 impl ShareError {
