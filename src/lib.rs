@@ -136,7 +136,7 @@
 //! - [`wire`]: RoCEv2 headers with `parse`/`emit`, the ICRC, pcap files.
 //! - The `softrdma` command and `libibverbs.so.1`/`librdmacm.so.1` for C programs are in the
 //!   `softrdma-capi` crate of the same repository.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 #[doc(hidden)]
 pub mod cm;

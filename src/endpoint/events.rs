@@ -8,16 +8,28 @@ use std::sync::Mutex;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum AsyncEvent {
     /// `IBV_EVENT_CQ_ERR`: the CQ overran (more completions than its capacity) and is in error.
-    CqErr { cq: u32 },
+    CqErr {
+        /// The CQ's [`id`](crate::verbs::CompletionQueue::id).
+        cq: u32,
+    },
     /// `IBV_EVENT_QP_FATAL`: the QP went to the error state by itself (a transport error).
-    QpFatal { qp_num: u32 },
+    QpFatal {
+        /// The QP number.
+        qp_num: u32,
+    },
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`: a WQE taken from the SRQ (its
     /// [`id`](crate::verbs::SharedReceiveQueue::id)) left fewer than its armed limit; the limit is
     /// now disarmed (0) until [`modify`](crate::verbs::SharedReceiveQueue::modify) arms it again.
-    SrqLimitReached { srq: u32 },
+    SrqLimitReached {
+        /// The SRQ's [`id`](crate::verbs::SharedReceiveQueue::id).
+        srq: u32,
+    },
     /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on a shared receive queue entered the error state
     /// (by a verb, the CM or a transport error); it takes no more WQEs from the SRQ.
-    QpLastWqeReached { qp_num: u32 },
+    QpLastWqeReached {
+        /// The QP number.
+        qp_num: u32,
+    },
 }
 
 /// Events kept when nobody reads them; the oldest go first.

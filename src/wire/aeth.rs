@@ -8,16 +8,26 @@ pub const LEN: usize = 4;
 /// NAK codes (IBA Table 45).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum NakCode {
+    /// 0: PSN sequence error; a request arrived with a PSN beyond the expected one. The
+    /// requester retransmits from the NAK's PSN.
     PsnSequenceError,
+    /// 1: invalid request (unsupported opcode, bad length...); completes with
+    /// `IBV_WC_REM_INV_REQ_ERR`.
     InvalidRequest,
+    /// 2: remote access error (R_Key, address range or access rights); completes with
+    /// `IBV_WC_REM_ACCESS_ERR`.
     RemoteAccessError,
+    /// 3: remote operational error; completes with `IBV_WC_REM_OP_ERR`.
     RemoteOperationalError,
+    /// 4: invalid RD request (Reliable Datagram only); completes with
+    /// `IBV_WC_REM_INV_RD_REQ_ERR`.
     InvalidRdRequest,
     /// A reserved code, kept as received.
     Reserved(u8),
 }
 
 impl NakCode {
+    /// Decode the 5-bit NAK code field of a NAK syndrome (bits above the low 5 are ignored).
     pub const fn from_bits(v: u8) -> Self {
         match v {
             0 => NakCode::PsnSequenceError,
@@ -28,6 +38,8 @@ impl NakCode {
             v => NakCode::Reserved(v & 0x1f),
         }
     }
+
+    /// The 5-bit NAK code field.
     pub const fn bits(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -45,12 +57,15 @@ impl NakCode {
 pub enum Syndrome {
     /// Positive ACK with the end-to-end credit count code (0x1f: no credits advertised).
     Ack {
+        /// The 5-bit credit count code.
         credits: u8,
     },
     /// Receiver not ready, with the encoded RNR timer (IBA Table 45).
     RnrNak {
+        /// The 5-bit RNR NAK timer code; see [`rnr_timer_micros`].
         timer: u8,
     },
+    /// Negative acknowledgment with its NAK code.
     Nak(NakCode),
     /// Syndromes with the reserved type 0b10 or the reserved bit 7 set, kept as received.
     Reserved(u8),
@@ -71,6 +86,8 @@ impl Syndrome {
             _ => Syndrome::Reserved(s),
         }
     }
+
+    /// Encode the syndrome byte.
     pub const fn bits(self) -> u8 {
         match self {
             Syndrome::Ack { credits } => credits & 0x1f,
@@ -81,14 +98,17 @@ impl Syndrome {
     }
 }
 
+/// A parsed AETH.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Aeth {
+    /// What the ACK says: ACK, RNR NAK or NAK.
     pub syndrome: Syndrome,
     /// Message sequence number, 24 bits.
     pub msn: u32,
 }
 
 impl Aeth {
+    /// Parse the first [`LEN`] bytes of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
         if buf.len() < LEN {
             return Err(WireError::Truncated);
@@ -99,6 +119,10 @@ impl Aeth {
         })
     }
 
+    /// Write the header into the first [`LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`LEN`].
     pub fn emit(&self, buf: &mut [u8]) {
         buf[0] = self.syndrome.bits();
         be::put_u24(&mut buf[1..4], self.msn);

@@ -5,12 +5,15 @@ use super::{be, WireError};
 /// Length of the AtomicAckETH.
 pub const LEN: usize = 8;
 
+/// A parsed AtomicAckETH.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct AtomicAckEth {
+    /// The value the remote 8-byte location held before the atomic operation (Orig Remote Data).
     pub orig: u64,
 }
 
 impl AtomicAckEth {
+    /// Parse the first [`LEN`] bytes of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
         if buf.len() < LEN {
             return Err(WireError::Truncated);
@@ -20,6 +23,10 @@ impl AtomicAckEth {
         })
     }
 
+    /// Write the header into the first [`LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`LEN`].
     pub fn emit(&self, buf: &mut [u8]) {
         be::put_u64(&mut buf[0..8], self.orig);
     }

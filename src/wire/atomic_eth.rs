@@ -5,9 +5,12 @@ use super::{be, WireError};
 /// Length of the AtomicETH.
 pub const LEN: usize = 28;
 
+/// A parsed AtomicETH: the target and operands of a compare & swap or fetch & add.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct AtomicEth {
+    /// Remote virtual address of the 8-byte target (VA).
     pub va: u64,
+    /// Remote key of the target's memory region (R_Key).
     pub rkey: u32,
     /// Swap value (compare & swap) or add value (fetch & add).
     pub swap_add: u64,
@@ -16,6 +19,7 @@ pub struct AtomicEth {
 }
 
 impl AtomicEth {
+    /// Parse the first [`LEN`] bytes of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
         if buf.len() < LEN {
             return Err(WireError::Truncated);
@@ -28,6 +32,10 @@ impl AtomicEth {
         })
     }
 
+    /// Write the header into the first [`LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`LEN`].
     pub fn emit(&self, buf: &mut [u8]) {
         be::put_u64(&mut buf[0..8], self.va);
         be::put_u32(&mut buf[8..12], self.rkey);

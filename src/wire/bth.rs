@@ -16,6 +16,7 @@ pub const DEFAULT_PKEY: u16 = 0xffff;
 /// A parsed BTH.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Bth {
+    /// The operation and transport service of the packet (OpCode).
     pub opcode: Opcode,
     /// Solicited event (SE).
     pub solicited: bool,
@@ -25,17 +26,21 @@ pub struct Bth {
     pub pad_count: u8,
     /// Transport header version; 0 is the only one defined.
     pub tver: u8,
+    /// Partition key (P_Key).
     pub pkey: u16,
-    /// Explicit congestion notification bits (FECN, BECN).
+    /// Forward explicit congestion notification (F).
     pub fecn: bool,
+    /// Backward explicit congestion notification (B).
     pub becn: bool,
     /// The 6 reserved bits of byte 4, kept so re-emitting reproduces the bytes.
     pub resv6: u8,
+    /// Destination queue pair number (DestQP, 24 bits).
     pub dest_qpn: u32,
     /// AckReq (A).
     pub ack_req: bool,
     /// The 7 reserved bits of byte 8.
     pub resv7: u8,
+    /// Packet sequence number (PSN).
     pub psn: Psn,
 }
 

@@ -8,15 +8,19 @@ pub const LEN: usize = 8;
 /// The well-known Q_Key of the General Services Interface, QP1 (IBA 13.5.3.3).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
+/// A parsed DETH.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct Deth {
+    /// Queue key (Q_Key) the destination UD QP checks.
     pub qkey: u32,
     /// The reserved byte 4, kept so re-emitting reproduces the bytes.
     pub resv8: u8,
+    /// Source queue pair number (SrcQP, 24 bits).
     pub src_qpn: u32,
 }
 
 impl Deth {
+    /// Parse the first [`LEN`] bytes of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
         if buf.len() < LEN {
             return Err(WireError::Truncated);
@@ -28,6 +32,10 @@ impl Deth {
         })
     }
 
+    /// Write the header into the first [`LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`LEN`].
     pub fn emit(&self, buf: &mut [u8]) {
         be::put_u32(&mut buf[0..4], self.qkey);
         buf[4] = self.resv8;

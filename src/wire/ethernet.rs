@@ -28,7 +28,9 @@ pub type Mac = [u8; 6];
 /// The parsed Ethernet header of a frame.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct EthHeader {
+    /// Destination MAC address.
     pub dst: Mac,
+    /// Source MAC address.
     pub src: Mac,
     /// The tag control information (PCP, DEI, VLAN ID) of an 802.1Q tag, if present.
     pub vlan_tci: Option<u16>,
@@ -138,7 +140,9 @@ pub fn split_ipv6_udp(frame: &[u8]) -> Result<([u8; IPV6_LEN + UDP_LEN], &[u8]),
 /// The IP and UDP headers of a RoCEv2 datagram found in a frame, by IP version.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum IpUdpHeader {
+    /// The 20-byte IPv4 header (no options) and the 8-byte UDP header.
     V4([u8; IPV4_LEN + UDP_LEN]),
+    /// The 40-byte IPv6 header (no extension headers) and the 8-byte UDP header.
     V6([u8; IPV6_LEN + UDP_LEN]),
 }
 

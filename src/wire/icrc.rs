@@ -565,6 +565,7 @@ impl Default for IcrcGate {
 }
 
 impl IcrcGate {
+    /// A gate that remembers no source yet.
     pub fn new() -> Self {
         IcrcGate {
             sources: [Source::default(); GATE_SOURCES],

@@ -5,6 +5,7 @@ use super::{be, WireError};
 /// Length of the IETH.
 pub const LEN: usize = 4;
 
+/// The R_Key in the first [`LEN`] bytes of `buf`.
 pub fn parse(buf: &[u8]) -> Result<u32, WireError> {
     if buf.len() < LEN {
         return Err(WireError::Truncated);
@@ -12,6 +13,10 @@ pub fn parse(buf: &[u8]) -> Result<u32, WireError> {
     Ok(be::u32(&buf[0..4]))
 }
 
+/// Write `rkey` into the first [`LEN`] bytes of `buf`.
+///
+/// # Panics
+/// If `buf` is shorter than [`LEN`].
 pub fn emit(rkey: u32, buf: &mut [u8]) {
     be::put_u32(&mut buf[0..4], rkey);
 }

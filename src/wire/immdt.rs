@@ -8,6 +8,7 @@ use super::{be, WireError};
 /// Length of the ImmDt header.
 pub const LEN: usize = 4;
 
+/// The immediate data in the first [`LEN`] bytes of `buf`.
 pub fn parse(buf: &[u8]) -> Result<u32, WireError> {
     if buf.len() < LEN {
         return Err(WireError::Truncated);
@@ -15,6 +16,10 @@ pub fn parse(buf: &[u8]) -> Result<u32, WireError> {
     Ok(be::u32(&buf[0..4]))
 }
 
+/// Write `imm` into the first [`LEN`] bytes of `buf`.
+///
+/// # Panics
+/// If `buf` is shorter than [`LEN`].
 pub fn emit(imm: u32, buf: &mut [u8]) {
     be::put_u32(&mut buf[0..4], imm);
 }

@@ -18,14 +18,21 @@ pub const PROTO_UDP: u8 = 17;
 /// The IPv4 and UDP header fields of one RoCEv2 datagram.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Ipv4Udp {
+    /// Source IPv4 address.
     pub src: Ipv4Addr,
+    /// Destination IPv4 address.
     pub dst: Ipv4Addr,
+    /// Type of service byte (DSCP and ECN).
     pub tos: u8,
+    /// Identification field (IP ID).
     pub id: u16,
     /// Flags and fragment offset; `0x4000` is DF.
     pub flags_frag: u16,
+    /// Time to live.
     pub ttl: u8,
+    /// UDP source port.
     pub src_port: u16,
+    /// UDP destination port ([`super::ROCE_V2_PORT`] for RoCEv2).
     pub dst_port: u16,
     /// Length of the UDP payload (the IB transport packet including ICRC).
     pub payload_len: u16,

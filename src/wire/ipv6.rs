@@ -14,14 +14,19 @@ pub const IPV6_LEN: usize = 40;
 /// The IPv6 and UDP header fields of one RoCEv2 datagram.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Ipv6Udp {
+    /// Source IPv6 address.
     pub src: Ipv6Addr,
+    /// Destination IPv6 address.
     pub dst: Ipv6Addr,
     /// Traffic class (DSCP and ECN).
     pub traffic_class: u8,
     /// Flow label, 20 bits.
     pub flow_label: u32,
+    /// Hop limit.
     pub hop_limit: u8,
+    /// UDP source port.
     pub src_port: u16,
+    /// UDP destination port ([`super::ROCE_V2_PORT`] for RoCEv2).
     pub dst_port: u16,
     /// The UDP checksum as carried (the ICRC masks it).
     pub udp_checksum: u16,

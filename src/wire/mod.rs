@@ -41,22 +41,31 @@ pub const ROCE_V2_PORT: u16 = 4791;
 /// Why a packet could not be parsed or built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    /// The buffer ends before a header (or the ICRC) it must hold.
     #[error("packet truncated")]
     Truncated,
+    /// The BTH opcode is reserved or not one softrdma implements.
     #[error("unknown or unsupported opcode {0:#04x}")]
     UnknownOpcode(u8),
+    /// The BTH TVer is not 0.
     #[error("unsupported transport header version {0}")]
     BadVersion(u8),
+    /// The BTH PadCnt is larger than the bytes between the headers and the ICRC.
     #[error("pad count larger than the payload")]
     BadPad,
+    /// Bytes other than pad follow the headers of an opcode that carries no payload.
     #[error("payload on an opcode that carries none")]
     UnexpectedPayload,
+    /// The ICRC does not match the packet.
     #[error("ICRC mismatch")]
     BadIcrc,
+    /// The UDP payload length is not one a RoCEv2 sender produces ([`packet::possible_len`]).
     #[error("not a possible RoCEv2 packet length")]
     BadLength,
+    /// The output buffer cannot hold what `emit` would write.
     #[error("buffer too small")]
     BufferTooSmall,
+    /// An Ethernet, IP or UDP header is not what RoCEv2 needs; the text says which check failed.
     #[error("malformed lower-layer header: {0}")]
     Malformed(&'static str),
 }

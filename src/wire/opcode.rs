@@ -8,34 +8,53 @@ use super::{aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth};
 /// Transport service encoded in the top three bits of the opcode.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Service {
+    /// Reliable Connection (0b000).
     Rc,
+    /// Unreliable Connection (0b001).
     Uc,
+    /// Reliable Datagram (0b010); no opcode of the table uses it.
     Rd,
+    /// Unreliable Datagram (0b011).
     Ud,
+    /// Congestion Notification Packet of RoCEv2 (0b100; only opcode 0x81).
     Cnp,
+    /// Extended Reliable Connection (0b101); no opcode of the table uses it.
     Xrc,
 }
 
 /// What an opcode does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
+    /// SEND (with or without immediate data or invalidate).
     Send,
+    /// RDMA WRITE (with or without immediate data).
     RdmaWrite,
+    /// RDMA READ Request.
     ReadRequest,
+    /// RDMA READ Response.
     ReadResponse,
+    /// Acknowledge (ACK or NAK).
     Ack,
+    /// Atomic Acknowledge, carrying the original remote value.
     AtomicAck,
+    /// CmpSwap: atomic compare & swap request.
     CompareSwap,
+    /// FetchAdd: atomic fetch & add request.
     FetchAdd,
+    /// Congestion Notification Packet.
     Cnp,
 }
 
 /// Place of a packet within its message.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Position {
+    /// The first packet of a message of several.
     First,
+    /// Neither the first nor the last packet of a message.
     Middle,
+    /// The last packet of a message of several.
     Last,
+    /// The only packet of a message.
     Only,
 }
 
@@ -54,12 +73,19 @@ impl Position {
 /// AETH, AtomicAckETH, ImmDt, IETH).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct Headers {
+    /// A DETH (UD: Q_Key and source QP).
     pub deth: bool,
+    /// A RETH (remote address, R_Key, length).
     pub reth: bool,
+    /// An AtomicETH (atomic request operands).
     pub atomic_eth: bool,
+    /// An AETH (ACK syndrome and MSN).
     pub aeth: bool,
+    /// An AtomicAckETH (original remote value).
     pub atomic_ack_eth: bool,
+    /// An ImmDt (immediate data).
     pub immdt: bool,
+    /// An IETH (R_Key to invalidate).
     pub ieth: bool,
 }
 
@@ -94,9 +120,13 @@ impl Headers {
 /// Everything the table knows about one opcode.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct OpInfo {
+    /// The transport service (top three bits of the opcode).
     pub service: Service,
+    /// The operation.
     pub kind: Kind,
+    /// Where the packet sits in its message.
     pub position: Position,
+    /// The extension headers between the BTH and the payload.
     pub headers: Headers,
     /// Whether the packet may carry a payload.
     pub payload: bool,
@@ -114,25 +144,87 @@ impl OpInfo {
 pub struct Opcode(pub u8);
 
 macro_rules! opcodes {
-    ($($name:ident = $v:expr;)*) => {
-        impl Opcode { $(pub const $name: Opcode = Opcode($v);)* }
+    ($($(#[$doc:meta])* $name:ident = $v:expr;)*) => {
+        impl Opcode { $($(#[$doc])* pub const $name: Opcode = Opcode($v);)* }
     };
 }
 
 opcodes! {
-    RC_SEND_FIRST = 0x00; RC_SEND_MIDDLE = 0x01; RC_SEND_LAST = 0x02; RC_SEND_LAST_WITH_IMMEDIATE = 0x03;
-    RC_SEND_ONLY = 0x04; RC_SEND_ONLY_WITH_IMMEDIATE = 0x05;
-    RC_RDMA_WRITE_FIRST = 0x06; RC_RDMA_WRITE_MIDDLE = 0x07; RC_RDMA_WRITE_LAST = 0x08;
-    RC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x09; RC_RDMA_WRITE_ONLY = 0x0a; RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0b;
-    RC_RDMA_READ_REQUEST = 0x0c; RC_RDMA_READ_RESPONSE_FIRST = 0x0d; RC_RDMA_READ_RESPONSE_MIDDLE = 0x0e;
-    RC_RDMA_READ_RESPONSE_LAST = 0x0f; RC_RDMA_READ_RESPONSE_ONLY = 0x10; RC_ACKNOWLEDGE = 0x11;
-    RC_ATOMIC_ACKNOWLEDGE = 0x12; RC_COMPARE_SWAP = 0x13; RC_FETCH_ADD = 0x14;
-    RC_SEND_LAST_WITH_INVALIDATE = 0x16; RC_SEND_ONLY_WITH_INVALIDATE = 0x17;
-    UC_SEND_FIRST = 0x20; UC_SEND_MIDDLE = 0x21; UC_SEND_LAST = 0x22; UC_SEND_LAST_WITH_IMMEDIATE = 0x23;
-    UC_SEND_ONLY = 0x24; UC_SEND_ONLY_WITH_IMMEDIATE = 0x25; UC_RDMA_WRITE_FIRST = 0x26;
-    UC_RDMA_WRITE_MIDDLE = 0x27; UC_RDMA_WRITE_LAST = 0x28; UC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x29;
-    UC_RDMA_WRITE_ONLY = 0x2a; UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2b;
-    UD_SEND_ONLY = 0x64; UD_SEND_ONLY_WITH_IMMEDIATE = 0x65;
+    /// RC SEND First.
+    RC_SEND_FIRST = 0x00;
+    /// RC SEND Middle.
+    RC_SEND_MIDDLE = 0x01;
+    /// RC SEND Last.
+    RC_SEND_LAST = 0x02;
+    /// RC SEND Last with Immediate.
+    RC_SEND_LAST_WITH_IMMEDIATE = 0x03;
+    /// RC SEND Only.
+    RC_SEND_ONLY = 0x04;
+    /// RC SEND Only with Immediate.
+    RC_SEND_ONLY_WITH_IMMEDIATE = 0x05;
+    /// RC RDMA WRITE First.
+    RC_RDMA_WRITE_FIRST = 0x06;
+    /// RC RDMA WRITE Middle.
+    RC_RDMA_WRITE_MIDDLE = 0x07;
+    /// RC RDMA WRITE Last.
+    RC_RDMA_WRITE_LAST = 0x08;
+    /// RC RDMA WRITE Last with Immediate.
+    RC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x09;
+    /// RC RDMA WRITE Only.
+    RC_RDMA_WRITE_ONLY = 0x0a;
+    /// RC RDMA WRITE Only with Immediate.
+    RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0b;
+    /// RC RDMA READ Request.
+    RC_RDMA_READ_REQUEST = 0x0c;
+    /// RC RDMA READ Response First.
+    RC_RDMA_READ_RESPONSE_FIRST = 0x0d;
+    /// RC RDMA READ Response Middle.
+    RC_RDMA_READ_RESPONSE_MIDDLE = 0x0e;
+    /// RC RDMA READ Response Last.
+    RC_RDMA_READ_RESPONSE_LAST = 0x0f;
+    /// RC RDMA READ Response Only.
+    RC_RDMA_READ_RESPONSE_ONLY = 0x10;
+    /// RC Acknowledge.
+    RC_ACKNOWLEDGE = 0x11;
+    /// RC Atomic Acknowledge.
+    RC_ATOMIC_ACKNOWLEDGE = 0x12;
+    /// RC CmpSwap.
+    RC_COMPARE_SWAP = 0x13;
+    /// RC FetchAdd.
+    RC_FETCH_ADD = 0x14;
+    /// RC SEND Last with Invalidate.
+    RC_SEND_LAST_WITH_INVALIDATE = 0x16;
+    /// RC SEND Only with Invalidate.
+    RC_SEND_ONLY_WITH_INVALIDATE = 0x17;
+    /// UC SEND First.
+    UC_SEND_FIRST = 0x20;
+    /// UC SEND Middle.
+    UC_SEND_MIDDLE = 0x21;
+    /// UC SEND Last.
+    UC_SEND_LAST = 0x22;
+    /// UC SEND Last with Immediate.
+    UC_SEND_LAST_WITH_IMMEDIATE = 0x23;
+    /// UC SEND Only.
+    UC_SEND_ONLY = 0x24;
+    /// UC SEND Only with Immediate.
+    UC_SEND_ONLY_WITH_IMMEDIATE = 0x25;
+    /// UC RDMA WRITE First.
+    UC_RDMA_WRITE_FIRST = 0x26;
+    /// UC RDMA WRITE Middle.
+    UC_RDMA_WRITE_MIDDLE = 0x27;
+    /// UC RDMA WRITE Last.
+    UC_RDMA_WRITE_LAST = 0x28;
+    /// UC RDMA WRITE Last with Immediate.
+    UC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x29;
+    /// UC RDMA WRITE Only.
+    UC_RDMA_WRITE_ONLY = 0x2a;
+    /// UC RDMA WRITE Only with Immediate.
+    UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2b;
+    /// UD SEND Only.
+    UD_SEND_ONLY = 0x64;
+    /// UD SEND Only with Immediate.
+    UD_SEND_ONLY_WITH_IMMEDIATE = 0x65;
+    /// Congestion Notification Packet (RoCEv2).
     CNP = 0x81;
 }
 

@@ -35,14 +35,24 @@ pub const fn possible_len(len: usize) -> bool {
 /// A parsed packet. `payload` excludes pad and ICRC.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Packet<'a> {
+    /// The Base Transport Header.
     pub bth: Bth,
+    /// The DETH, if the opcode has one (UD).
     pub deth: Option<Deth>,
+    /// The RETH, if the opcode has one (RDMA WRITE First/Only, RDMA READ Request).
     pub reth: Option<Reth>,
+    /// The AtomicETH, if the opcode has one (CmpSwap, FetchAdd).
     pub atomic_eth: Option<AtomicEth>,
+    /// The AETH, if the opcode has one (Acknowledge, Atomic Acknowledge, READ responses but
+    /// Middle).
     pub aeth: Option<Aeth>,
+    /// The AtomicAckETH, if the opcode has one (Atomic Acknowledge).
     pub atomic_ack_eth: Option<AtomicAckEth>,
+    /// The immediate data (ImmDt), if the opcode has one; see [`super::immdt`].
     pub immdt: Option<u32>,
+    /// The R_Key to invalidate (IETH), if the opcode has one (SEND with Invalidate).
     pub ieth: Option<u32>,
+    /// The payload, without pad and ICRC.
     pub payload: &'a [u8],
     /// The ICRC as carried on the wire (little-endian CRC32 bytes read as `u32::from_le_bytes`).
     pub icrc: u32,

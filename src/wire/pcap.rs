@@ -50,16 +50,29 @@ pub fn fake_mac(ip: [u8; 4]) -> Mac {
 /// Why a pcap file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum PcapError {
+    /// Reading the underlying stream failed.
     #[error("I/O error reading pcap: {0}")]
     Io(#[from] io::Error),
+    /// The first four bytes are no pcap magic number in either byte order (read little-endian).
     #[error("not a pcap file (magic {0:#010x})")]
     BadMagic(u32),
+    /// The input ends within the 24-byte file header.
     #[error("pcap file header truncated")]
     TruncatedHeader,
+    /// The input ends within a record's header or data.
     #[error("pcap record at byte {offset} truncated")]
-    TruncatedRecord { offset: u64 },
+    TruncatedRecord {
+        /// Byte offset in the file of the record's header.
+        offset: u64,
+    },
+    /// A record's captured length exceeds [`MAX_RECORD_LEN`].
     #[error("pcap record at byte {offset} claims {len} bytes")]
-    RecordTooLarge { offset: u64, len: u32 },
+    RecordTooLarge {
+        /// Byte offset in the file of the record's header.
+        offset: u64,
+        /// The captured length the record header claims.
+        len: u32,
+    },
 }
 
 /// The file header.
@@ -69,11 +82,15 @@ pub struct FileHeader {
     pub big_endian: bool,
     /// Timestamps are in nanoseconds (else microseconds).
     pub nanos: bool,
+    /// Major version of the format (2).
     pub version_major: u16,
+    /// Minor version of the format (4).
     pub version_minor: u16,
     /// GMT offset; always 0 in practice.
     pub thiszone: i32,
+    /// Timestamp accuracy; always 0 in practice.
     pub sigfigs: u32,
+    /// Maximum number of bytes captured of each packet (the snapshot length).
     pub snaplen: u32,
     /// The link-layer header type ([`LINKTYPE_ETHERNET`], ...). The upper bits, which newer
     /// writers use for FCS information, are kept.
@@ -242,6 +259,7 @@ impl<'a> PcapSlice<'a> {
         })
     }
 
+    /// The file header.
     pub fn header(&self) -> &FileHeader {
         &self.header
     }
@@ -311,6 +329,7 @@ impl<R: Read> PcapReader<R> {
         })
     }
 
+    /// The file header.
     pub fn header(&self) -> &FileHeader {
         &self.header
     }
@@ -406,6 +425,7 @@ impl<W: Write> PcapWriter<W> {
         Ok(PcapWriter { w: Some(w), header })
     }
 
+    /// The file header.
     pub fn header(&self) -> &FileHeader {
         &self.header
     }
@@ -470,6 +490,7 @@ impl<W: Write> PcapWriter<W> {
         self.write_parts(ts, &[&eth, ip_udp, udp_payload])
     }
 
+    /// Flush the underlying writer.
     pub fn flush(&mut self) -> io::Result<()> {
         match self.w.as_mut() {
             Some(w) => w.flush(),
@@ -477,10 +498,12 @@ impl<W: Write> PcapWriter<W> {
         }
     }
 
+    /// The underlying writer.
     pub fn get_ref(&self) -> &W {
         self.w.as_ref().expect("writer present until drop")
     }
 
+    /// The underlying writer, mutably.
     pub fn get_mut(&mut self) -> &mut W {
         self.w.as_mut().expect("writer present until drop")
     }

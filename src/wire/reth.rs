@@ -5,14 +5,19 @@ use super::{be, WireError};
 /// Length of the RETH.
 pub const LEN: usize = 16;
 
+/// A parsed RETH: the remote buffer of an RDMA WRITE or READ.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct Reth {
+    /// Remote virtual address of the first byte of the message (VA).
     pub va: u64,
+    /// Remote key of the target memory region (R_Key).
     pub rkey: u32,
+    /// Length in bytes of the message this packet starts, not of this packet (DMA Length).
     pub dma_len: u32,
 }
 
 impl Reth {
+    /// Parse the first [`LEN`] bytes of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
         if buf.len() < LEN {
             return Err(WireError::Truncated);
@@ -24,6 +29,10 @@ impl Reth {
         })
     }
 
+    /// Write the header into the first [`LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`LEN`].
     pub fn emit(&self, buf: &mut [u8]) {
         be::put_u64(&mut buf[0..8], self.va);
         be::put_u32(&mut buf[8..12], self.rkey);
