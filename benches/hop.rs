@@ -18,8 +18,8 @@
 use std::net::UdpSocket;
 use std::time::Instant;
 
-use softrdma::verbs::{Mtu, SendOp, WcOpcode, WcStatus};
 use softrdma::verbs::{MemoryRegion, WorkCompletion};
+use softrdma::verbs::{Mtu, SendOp, WcOpcode, WcStatus};
 
 #[path = "../tests/verbs_util/mod.rs"]
 mod verbs_util;

@@ -34,7 +34,11 @@ async fn serve(conn: AsyncConnection) -> Res<usize> {
 async fn client(conn: AsyncConnection, n: usize) -> Res<()> {
     let mr = conn.pd().alloc_mr(2 * MSG, AccessFlags::LOCAL_WRITE)?;
     for i in 0..=n {
-        let msg = if i == n { "bye".to_string() } else { format!("hello {i}") };
+        let msg = if i == n {
+            "bye".to_string()
+        } else {
+            format!("hello {i}")
+        };
         mr.write(0, msg.as_bytes())?;
         conn.qp().recv(mr.slice(MSG..)?).post()?;
         conn.qp().send(mr.slice(..msg.len())?).post()?;

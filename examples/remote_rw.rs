@@ -21,17 +21,24 @@ fn server(listener: Listener) -> Res<()> {
     // The buffer is registered on the connection's PD, so the request comes first; its
     // address goes back in the acceptance.
     let (conn, mr) = listener.accept_with(|pd| {
-        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+        let access =
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
         let mr = pd.register(vec![0u8; SIZE], access)?;
         let data = mr.remote(..)?.to_bytes();
         Ok((mr, ConnectionOptions::default().with_private_data(&data)))
     })?;
-    assert!(conn.wait_disconnect(Duration::from_secs(60)), "the client disconnects");
+    assert!(
+        conn.wait_disconnect(Duration::from_secs(60)),
+        "the client disconnects"
+    );
     let buf = mr.into_inner().map_err(|(e, _)| e)?;
     for c in 0..SIZE / CHUNK {
         assert_eq!(buf[c * CHUNK..(c + 1) * CHUNK], pattern(c)[..], "chunk {c}");
     }
-    println!("server: all {} chunks of my buffer hold what the client wrote", SIZE / CHUNK);
+    println!(
+        "server: all {} chunks of my buffer hold what the client wrote",
+        SIZE / CHUNK
+    );
     Ok(())
 }
 
@@ -50,7 +57,10 @@ fn client(to: SocketAddr) -> Res<()> {
         local.read(CHUNK, &mut back)?;
         assert_eq!(back, pattern(c), "chunk {c} read back");
     }
-    println!("client: wrote and read back {} chunks of {CHUNK} bytes", SIZE / CHUNK);
+    println!(
+        "client: wrote and read back {} chunks of {CHUNK} bytes",
+        SIZE / CHUNK
+    );
     Ok(()) // dropping the connection disconnects
 }
 

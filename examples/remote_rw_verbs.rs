@@ -26,7 +26,11 @@ fn pattern(chunk: usize) -> Vec<u8> {
 }
 
 fn server(listener: TcpListener) -> Res<()> {
-    let ctx = devices()?.into_iter().next().ok_or("no RDMA device")?.open()?;
+    let ctx = devices()?
+        .into_iter()
+        .next()
+        .ok_or("no RDMA device")?
+        .open()?;
     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
     let qp = pd.create_rc_qp(&cq)?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
@@ -35,25 +39,38 @@ fn server(listener: TcpListener) -> Res<()> {
     let mut ours = qp.endpoint().to_bytes().to_vec();
     ours.extend(mr.remote(..)?.to_bytes());
     let theirs = swap(&mut tcp, &ours)?;
-    qp.connect(&QpEndpoint::from_bytes(&theirs)?, &ConnectOptions::default())?;
+    qp.connect(
+        &QpEndpoint::from_bytes(&theirs)?,
+        &ConnectOptions::default(),
+    )?;
     tcp.read_exact(&mut [0u8])?; // the client is done
     let buf = mr.into_inner().map_err(|(e, _)| e)?;
     for c in 0..SIZE / CHUNK {
         assert_eq!(buf[c * CHUNK..(c + 1) * CHUNK], pattern(c)[..], "chunk {c}");
     }
-    println!("server: all {} chunks of my buffer hold what the client wrote", SIZE / CHUNK);
+    println!(
+        "server: all {} chunks of my buffer hold what the client wrote",
+        SIZE / CHUNK
+    );
     Ok(())
 }
 
 fn client(mut tcp: TcpStream) -> Res<()> {
-    let ctx = devices()?.into_iter().next().ok_or("no RDMA device")?.open()?;
+    let ctx = devices()?
+        .into_iter()
+        .next()
+        .ok_or("no RDMA device")?
+        .open()?;
     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
     let qp = pd.create_rc_qp(&cq)?;
     let local = pd.alloc_mr(2 * CHUNK, AccessFlags::LOCAL_WRITE)?;
     let mut ours = qp.endpoint().to_bytes().to_vec();
     ours.resize(QpEndpoint::WIRE_LEN + RemoteSlice::WIRE_LEN, 0);
     let theirs = swap(&mut tcp, &ours)?;
-    qp.connect(&QpEndpoint::from_bytes(&theirs)?, &ConnectOptions::default())?;
+    qp.connect(
+        &QpEndpoint::from_bytes(&theirs)?,
+        &ConnectOptions::default(),
+    )?;
     let peer = RemoteSlice::from_bytes(&theirs[QpEndpoint::WIRE_LEN..])?;
     for (c, chunk) in peer.chunks(CHUNK as u64).enumerate() {
         local.write(0, &pattern(c))?;
@@ -65,7 +82,10 @@ fn client(mut tcp: TcpStream) -> Res<()> {
         local.read(CHUNK, &mut back)?;
         assert_eq!(back, pattern(c), "chunk {c} read back");
     }
-    println!("client: wrote and read back {} chunks of {CHUNK} bytes", SIZE / CHUNK);
+    println!(
+        "client: wrote and read back {} chunks of {CHUNK} bytes",
+        SIZE / CHUNK
+    );
     tcp.write_all(&[1])?;
     Ok(())
 }

@@ -8,9 +8,9 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use softrdma::verbs::{
-    AccessFlags, AddressVector, CompletionChannel, CompletionQueue, Context, MemoryRegion, Mtu,
-    ProtectionDomain, QpAttr, QpCaps, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendFlags,
-    SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, Context, MemoryRegion, Mtu,
+    ProtectionDomain, Qp, QpCaps, QpEndpoint, QpInitAttr, QpType, Rc, RemoteSlice, SendFlags,
+    SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 pub type Res<T> = Result<T, String>;
@@ -126,22 +126,31 @@ pub fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Res<TcpStream> {
     Err(last)
 }
 
-#[allow(dead_code)]
 /// One RC endpoint: context, PD, CQ (with an optional completion channel), QP and MR.
 pub struct Endpoint {
     pub name: &'static str,
     pub ctx: Context,
-    pub _pd: ProtectionDomain,
     pub channel: Option<CompletionChannel>,
+    // Field order is drop order: the QP before its CQ and PD.
+    pub qp: Qp<Rc>,
     pub cq: CompletionQueue,
-    pub qp: QueuePair,
     pub mr: MemoryRegion,
-    pub psn: u32,
+    pub pd: ProtectionDomain,
     pub timeout: Duration,
 }
 
-#[allow(dead_code)]
+/// What the seeds' QPs use: path MTU 1024, one READ or atomic in flight each way.
+fn options() -> ConnectOptions {
+    let mut o = ConnectOptions::default();
+    o.mtu = Some(Mtu::Mtu1024);
+    o.max_rd_atomic = 1;
+    o.access = Some(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ);
+    o
+}
+
 impl Endpoint {
+    /// Open the device, make the PD, CQ, QP (RESET→INIT, so receives can be posted before the
+    /// exchange) and MR.
     pub fn new(
         name: &'static str,
         dev: Option<&str>,
@@ -162,153 +171,103 @@ impl Endpoint {
                 .ok_or_else(|| format!("{name}: no device {d}"))?,
         };
         let ctx = dev.open().map_err(e("open device"))?;
-        let channel = if with_channel {
-            Some(
+        let channel = match with_channel {
+            true => Some(
                 ctx.create_comp_channel()
                     .map_err(e("create_comp_channel"))?,
-            )
-        } else {
-            None
+            ),
+            false => None,
         };
         let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
         let cq = ctx
             .create_cq(128, channel.as_ref())
             .map_err(e("create_cq"))?;
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap: QpCaps {
-                    max_send_wr: 32,
-                    max_recv_wr: 32,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: QpType::Rc,
-                sq_sig_all: true,
-                srq: None,
-            })
-            .map_err(e("create_qp"))?;
+        let cap = QpCaps {
+            max_send_wr: 32,
+            max_recv_wr: 32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let attr = QpInitAttr {
+            cap,
+            sq_sig_all: true,
+            ..QpInitAttr::new(QpType::Rc, &cq)
+        };
+        let qp = pd.create_typed_qp::<Rc>(&attr).map_err(e("create_qp"))?;
         let mr = pd.alloc_mr(mr_len, access).map_err(e("alloc_mr"))?;
-        qp.modify(&QpAttr {
-            qp_state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ),
-            ..Default::default()
-        })
-        .map_err(e("modify_qp to INIT"))?;
-        let mut b = [0u8; 4];
-        getrandom::getrandom(&mut b).map_err(|e| format!("getrandom: {e}"))?;
+        qp.init(&options()).map_err(e("modify_qp to INIT"))?;
         Ok(Endpoint {
             name,
             ctx,
-            _pd: pd,
             channel,
-            cq,
             qp,
+            cq,
             mr,
-            psn: u32::from_le_bytes(b) & 0xff_ffff,
+            pd,
             timeout,
         })
     }
 
     pub fn info(&self, n: u32) -> PeerInfo {
+        let me = self.qp.endpoint();
         PeerInfo {
-            qpn: self.qp.qp_num(),
-            psn: self.psn,
-            gid: self.ctx.gid(),
+            qpn: me.qpn,
+            psn: me.psn,
+            gid: me.gid,
             addr: self.mr.addr(),
             rkey: self.mr.rkey(),
             n,
         }
     }
 
-    /// INIT→RTR→RTS towards `peer` (the QP went RESET→INIT in `new`, so receives could be
-    /// posted before the exchange).
+    /// INIT→RTR→RTS towards `peer`.
     pub fn connect(&self, peer: &PeerInfo) -> Res<()> {
-        let name = self.name;
-        let e = |what: &'static str| move |err| format!("{name}: modify_qp to {what}: {err}");
+        let to = QpEndpoint {
+            qpn: peer.qpn,
+            psn: peer.psn,
+            gid: peer.gid,
+            mtu: 1024,
+        };
         self.qp
-            .modify(&QpAttr {
-                qp_state: Some(QpState::Rtr),
-                path_mtu: Some(Mtu::Mtu1024),
-                dest_qp_num: Some(peer.qpn),
-                rq_psn: Some(peer.psn),
-                max_dest_rd_atomic: Some(1),
-                min_rnr_timer: Some(12),
-                ah_attr: Some(AddressVector {
-                    dgid: peer.gid,
-                    sgid_index: 1,
-                    hop_limit: 64,
-                    port_num: 1,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .map_err(e("RTR"))?;
-        self.qp
-            .modify(&QpAttr {
-                qp_state: Some(QpState::Rts),
-                sq_psn: Some(self.psn),
-                timeout: Some(14),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(1),
-                ..Default::default()
-            })
-            .map_err(e("RTS"))?;
-        Ok(())
+            .connect(&to, &options())
+            .map_err(|e| format!("{}: connect: {e}", self.name))
     }
 
-    pub fn sge(&self, off: usize, len: usize) -> Sge {
-        Sge {
-            addr: self.mr.addr() + off as u64,
-            length: len as u32,
-            lkey: self.mr.lkey(),
+    /// The peer's buffer it advertised.
+    pub fn remote(peer: &PeerInfo, len: usize) -> RemoteSlice {
+        RemoteSlice {
+            addr: peer.addr,
+            len: len as u64,
+            rkey: peer.rkey,
         }
     }
 
     pub fn post_recv(&self, wr_id: u64, off: usize, len: usize) -> Res<()> {
-        self.qp
-            .post_recv(&[RecvWr {
-                wr_id,
-                sg_list: &[self.sge(off, len)],
-            }])
-            .map_err(|e| format!("{}: post_recv: {e}", self.name))
+        let buf = self.mr.slice(off..off + len).map_err(|e| e.to_string())?;
+        (self.qp.recv(buf).id(wr_id).post()).map_err(|e| format!("{}: post_recv: {e}", self.name))
     }
 
     pub fn post_send(&self, wr_id: u64, op: SendOp, off: usize, len: usize) -> Res<()> {
-        self.qp
-            .post_send(&[SendWr {
-                wr_id,
-                op,
-                sg_list: &[self.sge(off, len)],
-                flags: SendFlags::default(),
-            }])
-            .map_err(|e| format!("{}: post_send: {e}", self.name))
+        let sge = self
+            .mr
+            .slice(off..off + len)
+            .map_err(|e| e.to_string())?
+            .sge();
+        let wr = SendWr {
+            wr_id,
+            op,
+            sg_list: &[sge],
+            flags: SendFlags::empty(),
+        };
+        (self.qp.post_send(&[wr])).map_err(|e| format!("{}: post_send: {e}", self.name))
     }
 
-    /// Busy-poll (bounded) for the next completion; fails unless it is successful.
+    /// The next completion (bounded wait); fails unless it is successful.
     pub fn next_wc(&self) -> Res<WorkCompletion> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            if let Some(wc) = self
-                .cq
-                .poll_one()
-                .map_err(|e| format!("{}: poll_cq: {e}", self.name))?
-            {
-                return check(self.name, wc);
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{}: no completion within {:?}",
-                    self.name, self.timeout
-                ));
-            }
-            std::thread::yield_now();
-        }
+        let wc = self.cq.wait(self.timeout);
+        let wc = wc.map_err(|e| format!("{}: {e}", self.name))?;
+        wc.ok().map_err(|e| format!("{}: {e}", self.name))
     }
 
     pub fn read_str(&self, off: usize, len: usize) -> Res<String> {

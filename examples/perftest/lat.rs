@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use softrdma::verbs::{SendOp, Sge, WcOpcode};
 use softrdma::verbs::{CompletionQueue, MemoryRegion, QueuePair, RecvWr, WorkCompletion};
+use softrdma::verbs::{SendOp, Sge, WcOpcode};
 
 use super::Opts;
 

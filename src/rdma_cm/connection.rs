@@ -78,7 +78,10 @@ pub struct Connection {
 }
 
 /// A failed wait, as an error that says what came instead.
-fn waited(r: std::result::Result<super::CmEvent, WaitError>, what: &'static str) -> Result<Vec<u8>> {
+fn waited(
+    r: std::result::Result<super::CmEvent, WaitError>,
+    what: &'static str,
+) -> Result<Vec<u8>> {
     match r {
         Ok(ev) => Ok(ev.private_data().to_vec()),
         Err(WaitError::Timeout) => Err(CmaError::TimedOut(what)),
@@ -164,14 +167,17 @@ impl Connection {
         &self.pd
     }
 
-    /// The private data the peer sent with its request or acceptance.
+    /// The private data the peer sent with its request or acceptance, padded with zeros to the
+    /// message's size (56 bytes for a request, 196 for an acceptance), as librdmacm reports it.
     pub fn peer_data(&self) -> &[u8] {
         &self.peer_data
     }
 
     /// The rdma_cm id.
     pub fn id(&self) -> &CmId {
-        self.id.as_ref().expect("the id lives as long as the connection")
+        self.id
+            .as_ref()
+            .expect("the id lives as long as the connection")
     }
 
     /// The address of the peer.

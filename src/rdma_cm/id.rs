@@ -531,7 +531,9 @@ impl CmId {
     pub fn establish(&self) -> Result<()> {
         let st = self.inner().state();
         if st.own_qp.is_none() || st.settled.is_none() {
-            return Err(CmaError::InvalidState("has no CONNECT_RESPONSE to establish"));
+            return Err(CmaError::InvalidState(
+                "has no CONNECT_RESPONSE to establish",
+            ));
         }
         Self::check_phase(&st, &[Phase::Established])
     }

@@ -162,8 +162,30 @@ impl<K: QpKind> Qp<K> {
 }
 
 impl<K: Connected> Qp<K> {
-    /// Connect to `peer` (its [`Qp::endpoint`], sent here by any means): RESET → INIT → RTR →
-    /// RTS with `opts`. The peer connects to this side's endpoint the same way.
+    /// RESET → INIT with `opts.access` (RC: every remote access; UC: RDMA WRITE): receives can
+    /// be posted from now on, before the endpoints are exchanged (what most programs do, so
+    /// that the peer's first message finds one). [`Qp::connect`] does it when it was not done.
+    ///
+    /// # Errors
+    /// What [`QueuePair::modify`](super::QueuePair::modify) returns (a QP not in RESET, say).
+    pub fn init(&self, opts: &ConnectOptions) -> Result<()> {
+        let access = opts.access.unwrap_or(if K::TYPE == QpType::Rc {
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
+        } else {
+            AccessFlags::REMOTE_WRITE
+        });
+        self.modify(&QpAttr {
+            qp_state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qp_access_flags: Some(access),
+            ..Default::default()
+        })
+    }
+
+    /// Connect to `peer` (its [`Qp::endpoint`], sent here by any means): RESET → INIT (unless
+    /// [`Qp::init`] did it) → RTR → RTS with `opts`. The peer connects to this side's endpoint
+    /// the same way.
     ///
     /// ```
     /// # use softrdma::verbs::*;
@@ -184,6 +206,9 @@ impl<K: Connected> Qp<K> {
     /// peer's family.
     pub fn connect(&self, peer: &QpEndpoint, opts: &ConnectOptions) -> Result<()> {
         let rc = K::TYPE == QpType::Rc;
+        if self.state()? != QpState::Init {
+            self.init(opts)?;
+        }
         let sgid_index = match opts.sgid_index {
             Some(i) => i,
             None => self.source_index(&peer.gid)?,
@@ -196,18 +221,6 @@ impl<K: Connected> Qp<K> {
                 mtu_from_bytes(peer.mtu)
             }
         });
-        let access = opts.access.unwrap_or(if rc {
-            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
-        } else {
-            AccessFlags::REMOTE_WRITE
-        });
-        self.modify(&QpAttr {
-            qp_state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qp_access_flags: Some(access),
-            ..Default::default()
-        })?;
         self.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             path_mtu: Some(mtu),

@@ -60,6 +60,13 @@ pub enum PostError {
     UnsupportedOp,
     #[error("the QP takes its receive WQEs from a shared receive queue: post there")]
     HasSrq,
+    /// An RDMA READ or atomic on a QP whose `max_rd_atomic` is 0: it may issue none (a NIC or
+    /// kernel rxe would never send it).
+    #[error(
+        "max_rd_atomic is 0: this QP may issue no RDMA READ or atomic (give max_rd_atomic a \
+         value above 0 when moving it to RTS; with rdma_cm, initiator_depth)"
+    )]
+    NoRdAtomic,
 }
 
 /// The shortest tail-loss probe timeout.
@@ -392,6 +399,9 @@ impl RcQp {
         );
         if wqe.flags.contains(SendFlags::INLINE) && rd_atomic {
             return Err(PostError::UnsupportedOp);
+        }
+        if rd_atomic && self.core.attr.max_rd_atomic.unwrap_or(0) == 0 {
+            return Err(PostError::NoRdAtomic);
         }
         let len = check_send_wqe(&wqe, &self.core.caps)?;
         if matches!(wqe.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8 {

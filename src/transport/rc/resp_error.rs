@@ -28,6 +28,9 @@ pub(crate) enum RespError {
     RecvTooLong,
     /// A receive buffer the SEND's data cannot be written to.
     RecvProt,
+    /// An RDMA READ or atomic on a QP whose `max_dest_rd_atomic` is 0: it serves none (rxe's
+    /// `RESPST_ERR_TOO_MANY_RDMA_ATM_REQ`).
+    NoRdAtomic,
 }
 
 /// The NAK that answers a refused request.
@@ -62,7 +65,9 @@ impl RespError {
                     fatal: false,
                 }
             }
-            OpSeq | Length | Malformed | Misaligned => (InvalidRequest, WcStatus::RemInvReqErr),
+            OpSeq | Length | Malformed | Misaligned | NoRdAtomic => {
+                (InvalidRequest, WcStatus::RemInvReqErr)
+            }
             QpAccess | Rkey => (RemoteAccessError, WcStatus::RemAccessErr),
             RecvTooLong => (InvalidRequest, WcStatus::LocLenErr),
             RecvProt => (RemoteOperationalError, WcStatus::LocProtErr),
@@ -101,6 +106,7 @@ mod tests {
             (RespError::Length, rem_inv),
             (RespError::Malformed, rem_inv),
             (RespError::Misaligned, rem_inv),
+            (RespError::NoRdAtomic, rem_inv),
             (RespError::QpAccess, rem_acc),
             (RespError::Rkey, rem_acc),
             (

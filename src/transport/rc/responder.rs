@@ -245,6 +245,11 @@ impl Responder {
                 }
                 self.msg.execute(pkt, ends, Some(w), mem, p.dest_qpn, out)?;
             }
+            // A QP that serves no READ or atomic (max_dest_rd_atomic 0) refuses them, as rxe
+            // and NICs do (softrdma used to take 0 for 1).
+            Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd if p.max_dest_rd_atomic == 0 => {
+                return Err(RespError::NoRdAtomic);
+            }
             Kind::ReadRequest => {
                 let reth = check_read(pkt, p, mem)?;
                 self.execute_read(pkt.bth.psn, &reth, p);
