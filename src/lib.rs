@@ -138,6 +138,17 @@
 //!   `softrdma-capi` crate of the same repository.
 #![deny(missing_docs)]
 
+/// An event for a `tracing` subscriber (feature `tracing`: drops, retransmissions, NAKs, QP
+/// errors); nothing without the feature.
+macro_rules! trace_event {
+    ($($t:tt)*) => {
+        #[cfg(feature = "tracing")]
+        {
+            tracing::debug!(target: "softrdma", $($t)*);
+        }
+    };
+}
+
 #[doc(hidden)]
 pub mod cm;
 pub(crate) mod driver;

@@ -690,7 +690,8 @@ fn local_wrs_with_a_deregistered_lkey_fail_as_for_owned_regions() {
         outcomes[0],
         (
             WcStatus::LocProtErr,
-            MemError::InvalidKey,
+            // An inline post says why the key is unknown now.
+            MemError::Deregistered,
             WcStatus::LocProtErr,
             WcStatus::LocProtErr
         )

@@ -199,7 +199,13 @@ impl MrInner {
 #[derive(Default)]
 pub(crate) struct MrTable {
     map: RwLock<HashMap<u32, Arc<MrInner>, LocalKeys>>,
+    /// The keys deregistered last (at most [`RECENT_KEYS`]), so that a peer still using one is
+    /// told apart from one that never had it (`MemError::Deregistered`).
+    recent: std::sync::Mutex<std::collections::VecDeque<u32>>,
 }
+
+/// How many deregistered keys [`MrTable`] remembers.
+const RECENT_KEYS: usize = 64;
 
 impl MrTable {
     /// Insert the region `make` builds around a fresh random key.
@@ -220,10 +226,29 @@ impl MrTable {
     }
 
     fn remove(&self, key: u32) -> Option<Arc<MrInner>> {
-        self.map
+        let gone = self
+            .map
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&key)
+            .remove(&key);
+        if gone.is_some() {
+            let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            if r.len() == RECENT_KEYS {
+                r.pop_front();
+            }
+            r.push_back(key);
+        }
+        gone
+    }
+
+    /// Why `key` names no region: deregistered lately, or never known here.
+    fn missing(&self, key: u32) -> MemError {
+        let r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if r.contains(&key) {
+            MemError::Deregistered
+        } else {
+            MemError::InvalidKey
+        }
     }
 
     /// The region with `key`. The `Arc` returned marks a copy in flight: hold it for one copy
@@ -285,7 +310,8 @@ impl PdMemory<'_> {
     fn lookup(&self, key: u32) -> Result<Arc<MrInner>, MemError> {
         match self.table.get(key) {
             Some(mr) if mr.pd == self.pd => Ok(mr),
-            _ => Err(MemError::InvalidKey),
+            Some(_) => Err(MemError::InvalidKey),
+            None => Err(self.table.missing(key)),
         }
     }
 }

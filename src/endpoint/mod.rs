@@ -94,6 +94,17 @@ impl Endpoint {
         }
     }
 
+    /// The remote accesses the live RC QPs refused, by reason.
+    pub fn access_refusals(&self) -> crate::transport::AccessRefusals {
+        let mut r = crate::transport::AccessRefusals::default();
+        for s in self.qps.values() {
+            if let QpTransport::Rc(rc) = &s.qp {
+                r.add(&rc.stats().refused);
+            }
+        }
+        r
+    }
+
     /// This endpoint's slot on its address.
     pub fn slot(&self) -> u8 {
         self.slot

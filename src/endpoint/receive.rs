@@ -63,6 +63,7 @@ impl Endpoint {
         // Lengths no RoCEv2 sender produces are dropped before any CRC (or capture).
         if !possible_len(n) {
             self.stats.rx_bad_length += 1;
+            trace_event!(len = n, %from, "dropped: impossible length");
             return Delivery::Done;
         }
         // The network header as it arrived, as far as the ICRC covers it (and the UD GRH shows
@@ -193,6 +194,7 @@ impl Endpoint {
         }
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qp += 1;
+            trace_event!(qpn, %from, "packet for a QP this endpoint does not have");
             // Another context's QPN (its slot in the top byte) reached this socket.
             let owner = (qpn >> 16) as u8;
             if owner != 0 && owner != self.slot {
@@ -209,6 +211,7 @@ impl Endpoint {
                 // and a forged packet must neither land in memory nor disturb the PSN sequence.
                 if !from_peer(rc.destination(), from.ip()) {
                     self.stats.rx_bad_source += 1;
+                    trace_event!(qpn, %from, "dropped: not from the QP's peer");
                     return Delivery::Done;
                 }
                 match &mut srq {

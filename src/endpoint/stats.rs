@@ -46,4 +46,7 @@ pub struct Stats {
     /// Rounds of a busy-polling application whose acknowledgements waited to go out behind
     /// its answer (see `driver::batch::TxBatch::hold_acks`).
     pub tx_acks_held: u64,
+    /// Remote accesses (RDMA WRITE, READ, atomics) this endpoint's RC QPs refused, by reason
+    /// (the requester sees only `RemAccessErr`): summed over the live QPs when read.
+    pub refused: crate::transport::AccessRefusals,
 }

@@ -135,6 +135,7 @@ impl ConnectedCore {
         rq: VecDeque<RecvWqe>,
     ) {
         self.state = QpState::Err;
+        trace_event!(qpn = self.qpn, failed = ?fail.map(|f| f.1), "QP in error: flushing");
         let dest = self.dest_qpn();
         let cq = &mut self.cq;
         let sq = std::mem::take(&mut req.sq);

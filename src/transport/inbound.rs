@@ -68,12 +68,9 @@ pub(crate) fn check_rkey(
     reth: &Reth,
     access: AccessFlags,
 ) -> Result<(), RespError> {
-    if reth.dma_len > 0
-        && mem
-            .remote_check(reth.rkey, reth.va, reth.dma_len as u64, access)
-            .is_err()
-    {
-        return Err(RespError::Rkey);
+    if reth.dma_len > 0 {
+        mem.remote_check(reth.rkey, reth.va, reth.dma_len as u64, access)
+            .map_err(RespError::Rkey)?;
     }
     Ok(())
 }
@@ -165,8 +162,9 @@ impl Inbound {
                 off: self.send_data_in(pkt, mem)?,
             },
             Some(w) => {
-                if plen > 0 && mem.remote_write(w.rkey, w.va, pkt.payload).is_err() {
-                    return Err(RespError::Rkey);
+                if plen > 0 {
+                    mem.remote_write(w.rkey, w.va, pkt.payload)
+                        .map_err(RespError::Rkey)?;
                 }
                 InMsg::Write(WriteCursor {
                     va: w.va.wrapping_add(plen as u64),

@@ -12,6 +12,9 @@ use super::types::{AccessFlags, AtomicOp, Sge};
 pub enum MemError {
     #[error("no memory region with that key in this protection domain")]
     InvalidKey,
+    /// The key named a region that was deregistered since.
+    #[error("the memory region with that key was deregistered")]
+    Deregistered,
     #[error("the memory region does not grant the access")]
     AccessDenied,
     #[error("the range is outside the memory region")]

@@ -14,7 +14,7 @@ pub mod uc;
 pub mod ud;
 
 pub use memory::{MemError, MemoryAccess};
-pub use rc::{PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
+pub use rc::{AccessRefusals, PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
 pub use sglist::SgList;
 pub use srq::{Srq, SrqError};
 pub use types::*;

@@ -108,7 +108,7 @@ impl DropReason {
     fn of(e: RespError) -> DropReason {
         match e {
             RespError::Rnr => DropReason::NoWqe,
-            RespError::QpAccess | RespError::Rkey => DropReason::Access,
+            RespError::QpAccess | RespError::Rkey(_) => DropReason::Access,
             _ => DropReason::Length,
         }
     }

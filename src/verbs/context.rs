@@ -266,7 +266,10 @@ impl Context {
     /// # Errors
     /// [`VerbsError::Busy`] on a thread holding a [`MrGuard`](super::MrGuard).
     pub fn stats(&self) -> Result<Stats> {
-        Ok(self.shared.lock_engine_for_verb()?.stats)
+        let e = self.shared.lock_engine_for_verb()?;
+        let mut s = e.stats;
+        s.refused = e.access_refusals();
+        Ok(s)
     }
 
     /// `ibv_get_async_event` without waiting: the oldest unread async event, if any. (No

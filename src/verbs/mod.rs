@@ -49,8 +49,8 @@ pub use wc::WcError;
 pub use crate::transport::ud::GRH_LEN;
 /// The transport types the verbs take and return, so `use softrdma::verbs::*` is enough.
 pub use crate::transport::{
-    AccessFlags, AddressVector, CqSide, MemError, Mtu, PostError, QpAttr, QpCaps, QpError, QpState,
-    SendFlags, SendOp, SendWqe, Sge, WcGrh, WcOpcode, WcStatus,
+    AccessFlags, AccessRefusals, AddressVector, CqSide, MemError, Mtu, PostError, QpAttr, QpCaps,
+    QpError, QpState, SendFlags, SendOp, SendWqe, Sge, WcGrh, WcOpcode, WcStatus,
 };
 
 pub(crate) use context::WeakContext;

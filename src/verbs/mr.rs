@@ -372,7 +372,12 @@ mod tests {
                                 // The key is gone (or, read apart from it, the address is of
                                 // another round's region).
                                 assert!(
-                                    matches!(e, MemError::InvalidKey | MemError::OutOfBounds),
+                                    matches!(
+                                        e,
+                                        MemError::InvalidKey
+                                            | MemError::Deregistered
+                                            | MemError::OutOfBounds
+                                    ),
                                     "op {i}: {e}"
                                 );
                                 refused += 1;

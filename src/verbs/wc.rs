@@ -36,7 +36,8 @@ fn hint(s: WcStatus) -> &'static str {
         WcStatus::RemAccessErr => {
             "the peer refused the access: its rkey is unknown or deregistered, the range is \
              outside its region, or the region or the peer's QP lacks the access flag \
-             (REMOTE_READ/REMOTE_WRITE/REMOTE_ATOMIC); the peer's Context::stats() counts which"
+             (REMOTE_READ/REMOTE_WRITE/REMOTE_ATOMIC); the peer's Context::stats().refused \
+             says which"
         }
         WcStatus::RemInvReqErr => {
             "the peer found the request invalid: an operation its QP does not allow \

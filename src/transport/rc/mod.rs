@@ -10,6 +10,6 @@ mod timer;
 
 pub(crate) use completer::complete;
 pub(crate) use qp::{check_send_lists, check_send_wqe, flush_recv, Cq};
-pub use qp::{PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
+pub use qp::{AccessRefusals, PostError, QpError, RcQp, RcStats, MAX_MSG_LEN};
 pub(crate) use requester::{ReqEvent, ReqParams, Requester};
 pub(crate) use resp_error::RespError;

@@ -132,6 +132,49 @@ pub struct RcStats {
     pub out_of_seq: u64,
     /// Responder: duplicate requests received.
     pub duplicates: u64,
+    /// Responder: why it refused remote accesses (each is a remote access error NAK).
+    pub refused: AccessRefusals,
+}
+
+/// Why a responder refused remote accesses (RDMA WRITE, READ, atomics), counted by reason: the
+/// requester only sees `RemAccessErr`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessRefusals {
+    /// The QP's access flags lack the operation (`qp_access_flags`).
+    pub qp_access: u64,
+    /// No region has the rkey in the QP's protection domain.
+    pub unknown_key: u64,
+    /// The rkey's region was deregistered.
+    pub deregistered: u64,
+    /// The region's access flags lack the operation.
+    pub region_access: u64,
+    /// The range is not inside the region.
+    pub out_of_bounds: u64,
+}
+
+impl AccessRefusals {
+    /// Count one refusal for `e`.
+    pub(crate) fn count(&mut self, e: &super::resp_error::RespError) {
+        use super::resp_error::RespError;
+        use crate::transport::MemError;
+        match e {
+            RespError::QpAccess => self.qp_access += 1,
+            RespError::Rkey(MemError::InvalidKey) => self.unknown_key += 1,
+            RespError::Rkey(MemError::Deregistered) => self.deregistered += 1,
+            RespError::Rkey(MemError::AccessDenied) => self.region_access += 1,
+            RespError::Rkey(_) => self.out_of_bounds += 1,
+            _ => {}
+        }
+    }
+
+    /// Add `o`'s counts.
+    pub fn add(&mut self, o: &AccessRefusals) {
+        self.qp_access += o.qp_access;
+        self.unknown_key += o.unknown_key;
+        self.deregistered += o.deregistered;
+        self.region_access += o.region_access;
+        self.out_of_bounds += o.out_of_bounds;
+    }
 }
 
 /// One RC queue pair's transport state.
@@ -249,6 +292,7 @@ impl RcQp {
         s.seq_naks = self.resp.seq_naks;
         s.out_of_seq = self.resp.out_of_seq;
         s.duplicates = self.resp.duplicates;
+        s.refused = self.resp.refused;
         s
     }
 
@@ -465,6 +509,7 @@ impl RcQp {
                 if !self.req.rnr_paused {
                     // IBA 9.7.5.1.2: go back at once to the NAK'd PSN.
                     self.stats.nak_retries += 1;
+                    trace_event!(qpn = self.core.qpn, psn = psn.value(), "NAK: going back");
                     self.req.on_loss(psn);
                     self.rewind(psn);
                     self.arm_retransmit(now);
@@ -579,6 +624,11 @@ impl RcQp {
                 CompAction::Retry(psn) => {
                     // IBA 9.7.6.1.3: the local ACK timeout, counted against retry_cnt.
                     self.stats.timeouts += 1;
+                    trace_event!(
+                        qpn = self.core.qpn,
+                        psn = psn.value(),
+                        "ACK timeout: retransmitting"
+                    );
                     self.req.on_loss(psn);
                     self.rewind(psn);
                     self.arm_retransmit(now);

@@ -3,6 +3,7 @@
 //! error to NAK, receive completion status and whether the QP goes to ERR.
 
 use crate::transport::types::WcStatus;
+use crate::transport::MemError;
 use crate::wire::NakCode;
 
 /// Why the responder refuses a request packet in sequence.
@@ -22,8 +23,9 @@ pub(crate) enum RespError {
     Misaligned,
     /// The QP does not allow the operation (no REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC).
     QpAccess,
-    /// The rkey refuses the range, or the region went away under a later packet (IBA C9-88).
-    Rkey,
+    /// The rkey refuses the range, or the region went away under a later packet (IBA C9-88):
+    /// why, as the memory table said.
+    Rkey(MemError),
     /// A SEND longer than its receive buffers (IBA C9-99, class D).
     RecvTooLong,
     /// A receive buffer the SEND's data cannot be written to.
@@ -68,7 +70,7 @@ impl RespError {
             OpSeq | Length | Malformed | Misaligned | NoRdAtomic => {
                 (InvalidRequest, WcStatus::RemInvReqErr)
             }
-            QpAccess | Rkey => (RemoteAccessError, WcStatus::RemAccessErr),
+            QpAccess | Rkey(_) => (RemoteAccessError, WcStatus::RemAccessErr),
             RecvTooLong => (InvalidRequest, WcStatus::LocLenErr),
             RecvProt => (RemoteOperationalError, WcStatus::LocProtErr),
         };
@@ -108,7 +110,7 @@ mod tests {
             (RespError::Misaligned, rem_inv),
             (RespError::NoRdAtomic, rem_inv),
             (RespError::QpAccess, rem_acc),
-            (RespError::Rkey, rem_acc),
+            (RespError::Rkey(MemError::InvalidKey), rem_acc),
             (
                 RespError::RecvTooLong,
                 fatal(NakCode::InvalidRequest, WcStatus::LocLenErr),

@@ -94,6 +94,7 @@ pub(crate) struct Responder {
     out: VecDeque<Out>,
     res: VecDeque<Resource>,
     /// Counters for [`super::RcStats`].
+    pub refused: super::qp::AccessRefusals,
     pub seq_naks: u64,
     pub out_of_seq: u64,
     pub duplicates: u64,
@@ -338,7 +339,7 @@ impl Responder {
     ) -> Result<(), RespError> {
         let orig = mem.remote_atomic(a.rkey, a.va, op).map_err(|e| match e {
             MemError::Misaligned => RespError::Misaligned,
-            _ => RespError::Rkey,
+            e => RespError::Rkey(e),
         })?;
         self.msn = msn_inc(self.msn);
         self.remember(p, Resource::Atomic { psn, orig });
@@ -381,6 +382,8 @@ impl Responder {
         p: &RespParams,
         out: &mut dyn FnMut(Completion),
     ) -> RespEvent {
+        self.refused.count(&e);
+        trace_event!(dest_qpn = p.dest_qpn, psn = psn.value(), error = ?e, "responder refused a request");
         let a = e.answer();
         if let Some(status) = a.status {
             self.msg.fail_wqe(status, p.dest_qpn, out);
