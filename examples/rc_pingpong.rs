@@ -319,7 +319,7 @@ fn run(o: Opts) -> Result<(), String> {
         .map_err(|_| "Couldn't get port info".to_string())?;
     let gid = if o.gidx >= 0 {
         pp.ctx
-            .query_gid(o.ib_port, o.gidx as u32)
+            .query_gid(o.ib_port, o.gidx as u8)
             .map_err(|_| format!("can't read sgid of index {}", o.gidx))?
     } else {
         [0u8; 16]

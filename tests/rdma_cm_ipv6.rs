@@ -179,7 +179,7 @@ fn rping_like_connection_over_ipv6() {
         let av = qp.query().unwrap().ah_attr.unwrap();
         assert_eq!(av.dgid, V6_LOOPBACK);
         let ctx = sid.context().unwrap();
-        assert_eq!(ctx.query_gid(1, av.sgid_index as u32).unwrap(), V6_LOOPBACK);
+        assert_eq!(ctx.query_gid(1, av.sgid_index).unwrap(), V6_LOOPBACK);
     }
     let before = sid.context().unwrap().stats().unwrap().rx_icrc_v6;
 
@@ -371,7 +371,7 @@ fn udp_port_space_over_ipv6() {
     assert_eq!(ud.ah_attr.dgid, V6_LOOPBACK);
     let ctx = c.id.context().unwrap();
     assert_eq!(
-        ctx.query_gid(1, ud.ah_attr.sgid_index as u32).unwrap(),
+        ctx.query_gid(1, ud.ah_attr.sgid_index).unwrap(),
         V6_LOOPBACK
     );
     let ah = c.r.pd.create_ah(&ud.ah_attr).unwrap();

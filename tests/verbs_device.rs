@@ -90,7 +90,7 @@ fn gid_indexes_0_and_1_hold_the_ipv4_mapped_gid() {
     assert_eq!(&g0[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
     assert_eq!(ipv4_from_gid(&g0), Some(ctx.addr()));
     // The IPv6 addresses follow (`::1` here, unless IPv6 is off): see tests/verbs_ipv6.rs.
-    let len = ctx.query_port(1).unwrap().gid_tbl_len;
+    let len = ctx.query_port(1).unwrap().gid_tbl_len as u8;
     for i in 2..len {
         assert_eq!(ipv4_from_gid(&ctx.query_gid(1, i).unwrap()), None);
     }

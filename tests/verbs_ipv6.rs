@@ -28,7 +28,7 @@ fn v6_ctx() -> Option<Context> {
         return None;
     }
     let ctx = loopback_ctx();
-    if ctx.query_gid(1, GID_V6 as u32).ok() != Some(V6_LOOPBACK) {
+    if ctx.query_gid(1, GID_V6).ok() != Some(V6_LOOPBACK) {
         eprintln!("the loopback device has no ::1 (IPv6 off on lo?): skipped");
         return None;
     }
@@ -89,7 +89,7 @@ fn gid_table_lists_the_ipv4_mapped_gid_then_the_ipv6_addresses() {
         }
         assert!(d.ipv6_addrs().iter().all(|a| !a.is_unspecified()), "{d:?}");
         let Ok(c) = d.open() else { continue };
-        let got: Vec<[u8; 16]> = (0..c.query_port(1).unwrap().gid_tbl_len)
+        let got: Vec<[u8; 16]> = (0..c.query_port(1).unwrap().gid_tbl_len as u8)
             .map(|i| c.query_gid(1, i).unwrap())
             .collect();
         // A loopback context may have moved to another 127.x (the table shows the one it got).
@@ -417,7 +417,7 @@ fn sgid_index_picks_the_source_address() {
     };
     let (pa, _, qa, ma) = ud_end(&ca);
     let (_, cq_b, qb, mb) = ud_end(&cb);
-    let len = ca.query_port(1).unwrap().gid_tbl_len;
+    let len = ca.query_port(1).unwrap().gid_tbl_len as u8;
     let mut tried = 0;
     for i in 0..len {
         let gid = ca.query_gid(1, i).unwrap();

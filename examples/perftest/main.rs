@@ -442,7 +442,7 @@ fn run(o: Opts) -> Result<(), String> {
     };
 
     let gid = ctx
-        .query_gid(o.ib_port, o.gid_index as u32)
+        .query_gid(o.ib_port, o.gid_index)
         .map_err(|e| format!("query_gid {}: {e}", o.gid_index))?;
     let my = Dest {
         lid: port.lid,

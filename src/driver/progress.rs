@@ -177,18 +177,21 @@ fn run(shared: Weak<Runtime>, io: Arc<Io>) {
                 // Published under the engine lock: whoever sets an earlier timer after this
                 // sees it and wakes us.
                 s.plan_wake(now + sleep);
-                sleep
+                // Whole milliseconds, rounded up: a deadline 0.3 ms away does not become a run
+                // of short wake-ups (the transport's timers are not that fine; the application's
+                // own polls serve a busy connection). Acknowledgements held for an application
+                // that went quiet are the exception: they are due within ACK_HOLD_MAX (0.5 ms),
+                // and rounded up to 1 ms they would race the sender's 1 ms tail-loss probe.
+                if e.holding() {
+                    sleep
+                } else {
+                    Duration::from_millis((sleep.as_micros() as u64).div_ceil(1000))
+                }
             }
             None => return,
         };
         fill(&mut fds, &io);
-        // Whole milliseconds, rounded up: a deadline 0.3 ms away does not become a run of
-        // short wake-ups (the transport's timers are not that fine; the application's own
-        // polls serve a busy connection).
-        wait(
-            &mut fds,
-            Duration::from_millis((sleep.as_micros() as u64).div_ceil(1000)),
-        );
+        wait(&mut fds, sleep);
         if fds[0].revents != 0 {
             io.drain_wake();
         }

@@ -127,12 +127,12 @@ impl IdState {
         let gid = gid_from_ip(local.ip());
         if let Some(i) = ctx.gid_index(&gid) {
             let at_1 = ctx.query_gid(1, 1).is_ok_and(|g| g == gid);
-            return if i == 0 && at_1 { 1 } else { i as u8 };
+            return if i == 0 && at_1 { 1 } else { i };
         }
-        let len = ctx.query_port(1).map_or(0, |p| p.gid_tbl_len);
+        let len = ctx.query_port(1).map_or(0, |p| p.gid_tbl_len).min(256);
         (0..len)
             .find(|i| {
-                ctx.query_gid(1, *i)
+                ctx.query_gid(1, *i as u8)
                     .is_ok_and(|g| crate::wire::gid::gid_to_ip(&g).is_ipv4() == local.is_ipv4())
             })
             .map_or(1, |i| i as u8)

@@ -144,7 +144,7 @@ impl<K: QpKind> Qp<K> {
         let ctx = self.context();
         let mut first = None;
         for i in 0..=u8::MAX {
-            let Ok(g) = ctx.query_gid(1, i as u32) else {
+            let Ok(g) = ctx.query_gid(1, i) else {
                 break;
             };
             if is_v4_mapped(&g) != is_v4_mapped(peer) {

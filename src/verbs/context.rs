@@ -164,7 +164,7 @@ impl Context {
     ///
     /// # Errors
     /// [`VerbsError::InvalidArgument`] for a port other than 1 or an index past the table.
-    pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
+    pub fn query_gid(&self, port: u8, index: u8) -> Result<[u8; 16]> {
         if port != 1 {
             return Err(VerbsError::InvalidArgument("no such GID"));
         }
@@ -181,8 +181,8 @@ impl Context {
     }
 
     /// The first GID table index holding `gid` (`ibv_find_gid_index`), if any.
-    pub fn gid_index(&self, gid: &[u8; 16]) -> Option<u32> {
-        self.shared.io.gids.index_of(gid).map(|i| i as u32)
+    pub fn gid_index(&self, gid: &[u8; 16]) -> Option<u8> {
+        self.shared.io.gids.index_of(gid).map(|i| i as u8)
     }
 
     /// `ibv_alloc_pd`.

@@ -155,8 +155,8 @@ fn devinfo(only: Option<&str>) -> Result<(), String> {
         println!("\t\t\tport_lid:\t\t{}", p.lid);
         println!("\t\t\tport_lmc:\t\t0x00");
         println!("\t\t\tlink_layer:\t\tEthernet");
-        for i in 0..p.gid_tbl_len {
-            if let Ok(g) = ctx.query_gid(1, i) {
+        for i in 0..p.gid_tbl_len.min(256) as u16 {
+            if let Ok(g) = ctx.query_gid(1, i as u8) {
                 let s: Vec<String> = g
                     .chunks(2)
                     .map(|c| format!("{:02x}{:02x}", c[0], c[1]))

@@ -134,7 +134,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             return -1;
         };
         // As rdma-core: the source is the GID the message came to (`ibv_find_gid_index`).
-        let sgid_index = ctx.and_then(|c| c.rust.gid_index(&local)).unwrap_or(0) as u8;
+        let sgid_index = ctx.and_then(|c| c.rust.gid_index(&local)).unwrap_or(0);
         let attr = AhAttr {
             dgid,
             sgid_index,

@@ -311,7 +311,9 @@ pub unsafe extern "C" fn ibv_query_gid(
             crate::handle::set_errno(libc::EINVAL);
             return -1;
         }
-        match ctx.rust.query_gid(port_num, index as u32) {
+        // An index past 255 is past every GID table softrdma has.
+        let index = u8::try_from(index).unwrap_or(u8::MAX);
+        match ctx.rust.query_gid(port_num, index) {
             Ok(g) => {
                 // SAFETY: `gid` is the caller's 16-byte union.
                 unsafe { (*gid).raw = g };
@@ -345,6 +347,9 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         let Ok(port) = u8::try_from(port_num) else {
             return libc::EINVAL;
         };
+        let Ok(gid_index) = u8::try_from(gid_index) else {
+            return libc::ENODATA;
+        };
         match ctx.rust.query_gid(port, gid_index) {
             Ok(g) => {
                 let ifindex = std::ffi::CString::new(ctx.rust.device().ifname())
@@ -357,7 +362,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
                 unsafe {
                     *entry = ibv_gid_entry {
                         gid: ibv_gid { raw: g },
-                        gid_index,
+                        gid_index: gid_index as u32,
                         port_num,
                         gid_type: IBV_GID_TYPE_ROCE_V2,
                         ndev_ifindex: ifindex,
@@ -420,6 +425,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
             crate::handle::set_errno(libc::EINVAL);
             return -1;
         };
+        let index = u8::try_from(index).unwrap_or(u8::MAX);
         if gid_type.is_null() || ctx.rust.query_gid(port_num, index).is_err() {
             crate::handle::set_errno(libc::EINVAL);
             return -1;
