@@ -428,7 +428,7 @@ fn sgid_index_picks_the_source_address() {
         let ah = pa
             .create_ah(&AhAttr {
                 dgid: gid,
-                sgid_index: i as u8,
+                sgid_index: i,
                 hop_limit: 64,
                 port_num: 1,
                 ..Default::default()
