@@ -173,10 +173,9 @@ impl CmaCore {
         handle
     }
 
-    /// Turn the IB CM's events into rdma_cm events and QP transitions; tear down what
-    /// destroyed ids left. Returns the QPs whose state changed.
+    /// Turn the IB CM's events into rdma_cm events and QP transitions (through `modify`), and
+    /// tear down what destroyed ids left.
     pub fn process(&mut self, now: Instant, modify: ModifyQp<'_>) {
-        let mut touched = Vec::new();
         // Events taken back from channels; dropped at the end (they may hold the last handle).
         let mut expired = Vec::new();
         let gen = DESTROY_GEN.load(Ordering::Acquire);
@@ -188,7 +187,7 @@ impl CmaCore {
             match ev {
                 IbEvent::ConnectRequest(info) => self.on_connect_request(now, info),
                 IbEvent::Established { id, info } => {
-                    self.on_established(now, id, info, modify, &mut touched)
+                    self.on_established(now, id, info, &mut *modify)
                 }
                 IbEvent::Rejected {
                     id,
@@ -207,7 +206,7 @@ impl CmaCore {
                         param,
                     );
                 }
-                IbEvent::Unreachable { id } => self.finish(
+                IbEvent::Unreachable { id } | IbEvent::SidrTimeout { id } => self.finish(
                     id,
                     Phase::Idle,
                     EventType::Unreachable,
@@ -222,63 +221,12 @@ impl CmaCore {
                     EventParam::None,
                 ),
                 IbEvent::Disconnected { id, private_data } => {
-                    let Some(rec) = self.conns.get(&id.0) else {
-                        continue;
-                    };
-                    let Some(cid) = rec.alive() else { continue };
-                    let mut st = rec.inner.state();
-                    let already = st.phase == Phase::Disconnected;
-                    st.phase = Phase::Disconnected;
-                    if let Some(qpn) = st.qpn {
-                        let a = QpAttr {
-                            qp_state: Some(QpState::Err),
-                            ..Default::default()
-                        };
-                        if modify(qpn, &a) {
-                            touched.push(qpn);
-                        }
-                    }
-                    drop(st);
-                    if !already {
-                        let param = EventParam::Conn(ConnParam {
-                            private_data,
-                            ..zero_param()
-                        });
-                        push(
-                            &rec.inner,
-                            RawEvent::new(cid, EventType::Disconnected, 0, param),
-                        );
-                    }
+                    self.on_disconnected(id, private_data, &mut *modify)
                 }
-                IbEvent::TimewaitExit { id } => {
-                    if let Some(rec) = self.conns.remove(&id.0) {
-                        if let Some(cid) = rec.alive() {
-                            rec.inner.state().conn = None;
-                            push(
-                                &rec.inner,
-                                RawEvent::new(cid, EventType::TimewaitExit, 0, EventParam::None),
-                            );
-                        }
-                    }
-                }
+                IbEvent::TimewaitExit { id } => self.on_timewait_exit(id),
                 IbEvent::SidrRequest(info) => self.on_sidr_request(now, info),
                 IbEvent::SidrRequestExpired { id } => {
-                    // The consumer did not answer in time: the id is no longer a connect
-                    // request (accept/reject on it fail), and a CONNECT_REQUEST not yet
-                    // retrieved is taken back.
-                    let Some(rec) = self.conns.remove(&id.0) else {
-                        continue;
-                    };
-                    {
-                        let mut st = rec.inner.state();
-                        if st.phase == Phase::ConnectRequest {
-                            st.phase = Phase::Idle;
-                        }
-                        st.conn = None;
-                    }
-                    if let Some(ch) = rec.inner.channel().upgrade() {
-                        expired.extend(ch.purge(&rec.inner));
-                    }
+                    expired.extend(self.on_sidr_request_expired(id));
                 }
                 IbEvent::SidrReply {
                     id,
@@ -286,40 +234,105 @@ impl CmaCore {
                     qpn,
                     qkey,
                     private_data,
-                } => {
-                    let Some(rec) = self.conns.get(&id.0) else {
-                        continue;
-                    };
-                    let (peer, sgid_index) = {
-                        let st = rec.inner.state();
-                        (st.peer_gid(), st.sgid_index())
-                    };
-                    let mut ud = UdParam {
-                        private_data,
-                        ah_attr: ud_av(peer, sgid_index),
-                        qp_num: qpn,
-                        qkey,
-                    };
-                    // As cma_sidr_rep_handler: anything but success is UNREACHABLE with the
-                    // SIDR status.
-                    let (phase, ev, st) = if status == SidrStatus::Ok {
-                        (Phase::Established, EventType::Established, 0)
-                    } else {
-                        ud.qp_num = 0;
-                        (Phase::Idle, EventType::Unreachable, status.code() as i32)
-                    };
-                    self.finish(id, phase, ev, st, EventParam::Ud(ud));
-                }
-                IbEvent::SidrTimeout { id } => self.finish(
-                    id,
-                    Phase::Idle,
-                    EventType::Unreachable,
-                    -libc::ETIMEDOUT,
-                    EventParam::None,
-                ),
+                } => self.on_sidr_reply(id, status, qpn, qkey, private_data),
             }
         }
         drop(expired);
+    }
+
+    /// DISCONNECTED: the QP goes to ERR (as the kernel's cma does), the id's owner hears of it
+    /// once.
+    fn on_disconnected(&mut self, id: IbId, private_data: Vec<u8>, modify: ModifyQp<'_>) {
+        let Some(rec) = self.conns.get(&id.0) else {
+            return;
+        };
+        let Some(cid) = rec.alive() else { return };
+        let mut st = rec.inner.state();
+        let already = st.phase == Phase::Disconnected;
+        st.phase = Phase::Disconnected;
+        if let Some(qpn) = st.qpn {
+            let a = QpAttr {
+                qp_state: Some(QpState::Err),
+                ..Default::default()
+            };
+            modify(qpn, &a);
+        }
+        drop(st);
+        if !already {
+            let param = EventParam::Conn(ConnParam {
+                private_data,
+                ..zero_param()
+            });
+            push(
+                &rec.inner,
+                RawEvent::new(cid, EventType::Disconnected, 0, param),
+            );
+        }
+    }
+
+    /// TIMEWAIT_EXIT: the connection is forgotten; its id's owner hears of it.
+    fn on_timewait_exit(&mut self, id: IbId) {
+        if let Some(rec) = self.conns.remove(&id.0) {
+            if let Some(cid) = rec.alive() {
+                rec.inner.state().conn = None;
+                push(
+                    &rec.inner,
+                    RawEvent::new(cid, EventType::TimewaitExit, 0, EventParam::None),
+                );
+            }
+        }
+    }
+
+    /// The consumer did not answer a SIDR request in time: the id is no longer a connect
+    /// request (accept/reject on it fail), and a CONNECT_REQUEST not yet retrieved is taken
+    /// back (returned, to be dropped by the caller after the loop).
+    fn on_sidr_request_expired(&mut self, id: IbId) -> Vec<RawEvent> {
+        let Some(rec) = self.conns.remove(&id.0) else {
+            return Vec::new();
+        };
+        {
+            let mut st = rec.inner.state();
+            if st.phase == Phase::ConnectRequest {
+                st.phase = Phase::Idle;
+            }
+            st.conn = None;
+        }
+        match rec.inner.channel().upgrade() {
+            Some(ch) => ch.purge(&rec.inner),
+            None => Vec::new(),
+        }
+    }
+
+    /// Our SIDR_REQ was answered: ESTABLISHED with the peer's UD QPN and Q_Key, or, as
+    /// `cma_sidr_rep_handler` does for any other status, UNREACHABLE with the SIDR status.
+    fn on_sidr_reply(
+        &mut self,
+        id: IbId,
+        status: SidrStatus,
+        qpn: u32,
+        qkey: u32,
+        private_data: Vec<u8>,
+    ) {
+        let Some(rec) = self.conns.get(&id.0) else {
+            return;
+        };
+        let (peer, sgid_index) = {
+            let st = rec.inner.state();
+            (st.peer_gid(), st.sgid_index())
+        };
+        let mut ud = UdParam {
+            private_data,
+            ah_attr: ud_av(peer, sgid_index),
+            qp_num: qpn,
+            qkey,
+        };
+        let (phase, ev, st) = if status == SidrStatus::Ok {
+            (Phase::Established, EventType::Established, 0)
+        } else {
+            ud.qp_num = 0;
+            (Phase::Idle, EventType::Unreachable, status.code() as i32)
+        };
+        self.finish(id, phase, ev, st, EventParam::Ud(ud));
     }
 
     /// A SIDR_REQ for a listened UDP port: a new id and CONNECT_REQUEST, as for a REQ. The IB
@@ -413,7 +426,6 @@ impl CmaCore {
         id: IbId,
         info: EstablishedInfo,
         modify: ModifyQp<'_>,
-        touched: &mut Vec<u32>,
     ) {
         let _ = now;
         let Some(rec) = self.conns.get(&id.0) else {
@@ -462,11 +474,7 @@ impl CmaCore {
                 return;
             }
             let ok = match st.qpn {
-                Some(qpn) => {
-                    let t = settled(qpn);
-                    touched.push(qpn);
-                    t.run(modify)
-                }
+                Some(qpn) => settled(qpn).run(modify),
                 None => true,
             };
             if !ok {
