@@ -593,7 +593,7 @@ impl CmId {
         let (ctxs, sid, port, ip) = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::Bound])?;
-            let local = st.local.expect("bound");
+            let local = st.local.ok_or(CmaError::InvalidState("lost its address"))?;
             let ctxs = match &st.ctx {
                 Some(c) => vec![c.clone()],
                 None => route::all_contexts()?,
@@ -676,7 +676,10 @@ impl CmId {
             let port = route::bind_port(self.inner().ps, ip, src.map_or(0, |s| s.port()))?;
             st.reservation = Some((ip, port));
         }
-        let port = st.reservation.expect("reserved").1;
+        let port = st
+            .reservation
+            .ok_or(CmaError::InvalidState("lost its port"))?
+            .1;
         // A link-local source has the destination's scope (the interface it is on).
         let local = match (ip, dst) {
             (IpAddr::V6(a), SocketAddr::V6(d)) => {
@@ -790,13 +793,14 @@ impl CmId {
             if st.qpn.is_none() && param.qp_num == 0 {
                 return Err(CmaError::InvalidState("has no QP: create_qp first"));
             }
-            st.ctx.clone().expect("resolved")
+            st.ctx.clone().ok_or(CmaError::NoDevice)?
         };
         ctx.with_cma(|core, _, now| -> Result<()> {
             core.attach(&ctx);
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::RouteResolved])?;
-            let (local, remote) = (st.local.expect("resolved"), st.remote.expect("resolved"));
+            let lost = || CmaError::InvalidState("lost its resolved addresses");
+            let (local, remote) = (st.local.ok_or_else(lost)?, st.remote.ok_or_else(lost)?);
             let (qpn, own) = match st.qpn {
                 Some(q) => (q, None),
                 None if param.qp_num != 0 => (param.qp_num, Some(param.qp_num)),
@@ -847,13 +851,14 @@ impl CmId {
         let ctx = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::RouteResolved])?;
-            st.ctx.clone().expect("resolved")
+            st.ctx.clone().ok_or(CmaError::NoDevice)?
         };
         ctx.with_cma(|core, _, now| -> Result<()> {
             core.attach(&ctx);
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::RouteResolved])?;
-            let (local, remote) = (st.local.expect("resolved"), st.remote.expect("resolved"));
+            let lost = || CmaError::InvalidState("lost its resolved addresses");
+            let (local, remote) = (st.local.ok_or_else(lost)?, st.remote.ok_or_else(lost)?);
             let hdr = match (local, remote.ip()) {
                 (SocketAddr::V6(l), IpAddr::V6(r)) => CmaHdr::v6(l, r),
                 (SocketAddr::V4(l), IpAddr::V4(r)) => CmaHdr::v4(l, r),
@@ -896,17 +901,21 @@ impl CmId {
             if st.qpn.is_none() {
                 return Err(CmaError::InvalidState("has no QP: create_qp first"));
             }
-            st.ctx.clone().expect("incoming ids have a device")
+            st.ctx.clone().ok_or(CmaError::NoDevice)?
         };
         ctx.with_cma(|core, _, now| -> Result<()> {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
-            let id = st.conn.take().expect("connect request");
+            let id = st
+                .conn
+                .take()
+                .ok_or(CmaError::InvalidState("is a request that is gone"))?;
             let r = core.ep.cm.sidr_reply(
                 now,
                 id,
                 SidrStatus::Ok,
-                st.qpn.expect("checked"),
+                st.qpn
+                    .ok_or(CmaError::InvalidState("has no QP: create_qp first"))?,
                 RDMA_UDP_QKEY,
                 &param.private_data,
             );
@@ -945,13 +954,18 @@ impl CmId {
             if st.qpn.is_none() && param.qp_num == 0 {
                 return Err(CmaError::InvalidState("has no QP: create_qp first"));
             }
-            st.ctx.clone().expect("incoming ids have a device")
+            st.ctx.clone().ok_or(CmaError::NoDevice)?
         };
         ctx.with_cma(|core, modify: ModifyQp<'_>, now| -> Result<()> {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
-            let req = st.req.clone().expect("connect request");
-            let id = st.conn.expect("connect request");
+            let req = st
+                .req
+                .clone()
+                .ok_or(CmaError::InvalidState("is a request that is gone"))?;
+            let id = st
+                .conn
+                .ok_or(CmaError::InvalidState("is a request that is gone"))?;
             let (qpn, own) = match st.qpn {
                 Some(q) => (q, false),
                 None if param.qp_num != 0 => (param.qp_num, true),
@@ -1021,13 +1035,16 @@ impl CmId {
         let ctx = {
             let st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
-            st.ctx.clone().expect("incoming ids have a device")
+            st.ctx.clone().ok_or(CmaError::NoDevice)?
         };
         let ud = self.inner().ps == PortSpace::Udp;
         ctx.with_cma(|core, _, now| -> Result<()> {
             let mut st = self.inner().state();
             Self::check_phase(&st, &[Phase::ConnectRequest])?;
-            let id = st.conn.take().expect("connect request");
+            let id = st
+                .conn
+                .take()
+                .ok_or(CmaError::InvalidState("is a request that is gone"))?;
             if ud {
                 let _ = core
                     .ep
@@ -1060,7 +1077,7 @@ impl CmId {
                     Phase::Disconnected,
                 ],
             )?;
-            st.ctx.clone().expect("connected ids have a device")
+            st.ctx.clone().ok_or(CmaError::NoDevice)?
         };
         ctx.with_cma(|core, modify, now| -> Result<()> {
             let mut st = self.inner().state();
