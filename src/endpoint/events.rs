@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 /// `struct ibv_async_event`, for the events this device raises.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum AsyncEvent {
     /// `IBV_EVENT_CQ_ERR`: the CQ overran (more completions than its capacity) and is in error.
     CqErr {

@@ -8,6 +8,7 @@ use crate::verbs::AddressVector;
 
 /// `enum rdma_cm_event_type`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[non_exhaustive]
 pub enum EventType {
     /// `RDMA_CM_EVENT_ADDR_RESOLVED`: `resolve_addr` found the device.
     AddrResolved,

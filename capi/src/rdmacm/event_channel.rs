@@ -99,6 +99,8 @@ fn event_type(t: EventType) -> rdma_cm_event_type {
         EventType::Disconnected => RDMA_CM_EVENT_DISCONNECTED,
         EventType::DeviceRemoval => RDMA_CM_EVENT_DEVICE_REMOVAL,
         EventType::TimewaitExit => RDMA_CM_EVENT_TIMEWAIT_EXIT,
+        // An event newer than this translation: an error the program handles generically.
+        _ => RDMA_CM_EVENT_CONNECT_ERROR,
     }
 }
 
