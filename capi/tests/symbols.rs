@@ -85,3 +85,69 @@ fn soname_is_libibverbs_so_1() {
         "{text}"
     );
 }
+
+/// The provider stand-ins are whole: every function rdma-core 44's libmlx5.so.1 and libefa.so.1
+/// export, at its version (libfabric and rdma-core's own tests bind every symbol at load time).
+#[test]
+fn every_function_of_libmlx5_and_libefa_is_exported_at_its_version() {
+    let ours = exported();
+    let theirs = pairs("rdma-core-44-exports.txt", 2);
+    let providers: Vec<_> = theirs
+        .iter()
+        .filter(|(lib, _, _)| lib == "libmlx5.so.1" || lib == "libefa.so.1")
+        .collect();
+    assert!(providers.len() > 130, "{} provider symbols listed", providers.len());
+    let missing: Vec<String> = providers
+        .iter()
+        .filter(|(_, ver, name)| !ours.contains(&(name.clone(), ver.clone())))
+        .map(|(lib, ver, name)| format!("{lib}: {name}@{ver}"))
+        .collect();
+    assert!(missing.is_empty(), "not exported: {missing:#?}");
+    // Against the real libraries, where Debian's are installed.
+    for lib in ["libmlx5.so.1", "libefa.so.1"] {
+        let real = std::path::Path::new("/usr/lib/x86_64-linux-gnu").join(lib);
+        let Ok(out) = std::process::Command::new("objdump").arg("-T").arg(&real).output() else {
+            continue;
+        };
+        if !out.status.success() {
+            eprintln!("{}: not installed, compared with the list only", real.display());
+            continue;
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let missing: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(" g ") && l.contains(" DF .text"))
+            .filter_map(|l| {
+                let mut f = l.split_whitespace().rev();
+                Some((f.next()?.to_string(), f.next()?.to_string()))
+            })
+            .filter(|p| !ours.contains(p))
+            .map(|(n, v)| format!("{lib}: {n}@{v}"))
+            .collect();
+        assert!(missing.is_empty(), "the installed {lib} has more: {missing:#?}");
+    }
+}
+
+/// The generated stand-ins are what `capi/tools/gen_stubs.py` writes today (where Python and
+/// the providers' headers are installed).
+#[test]
+fn the_generated_stand_ins_are_up_to_date() {
+    let script = format!("{}/tools/gen_stubs.py", env!("CARGO_MANIFEST_DIR"));
+    if !std::path::Path::new("/usr/include/infiniband/mlx5dv.h").exists() {
+        eprintln!("no mlx5dv.h (libibverbs-dev): skipped");
+        return;
+    }
+    let Ok(out) = std::process::Command::new("python3")
+        .args([script.as_str(), "--check"])
+        .output()
+    else {
+        eprintln!("no python3: skipped");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

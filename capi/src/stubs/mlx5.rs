@@ -89,3 +89,12 @@ versioned!(
     mlx5dv_dek_create @ "MLX5_1.21",
     mlx5dv_dek_destroy @ "MLX5_1.21",
 );
+
+/// `mlx5dv_init_obj@MLX5_1.0`: the compatibility version old binaries bind (the default is
+/// `@@MLX5_1.2`, in the generated stand-ins).
+#[no_mangle]
+pub unsafe extern "C" fn mlx5dv_init_obj_v1_0(_obj: *mut Void, _obj_type: u64) -> i32 {
+    libc::EOPNOTSUPP
+}
+
+core::arch::global_asm!(".symver mlx5dv_init_obj_v1_0, mlx5dv_init_obj@MLX5_1.0");
