@@ -220,6 +220,8 @@ unsafe extern "C" fn query_device_ex(
         let mut full: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         fill_device_attr(ctx, &mut full.orig_attr);
         full.max_dm_size = 0;
+        // The port count again, in the field that also holds counts above 255.
+        full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt as u32;
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has `attr_size` bytes; we copy at most that many.
         unsafe { std::ptr::copy_nonoverlapping(&full as *const _ as *const u8, attr.cast(), n) };

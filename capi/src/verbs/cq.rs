@@ -82,13 +82,17 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: i32,
     cq_context: *mut libc::c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: i32,
+    comp_vector: i32,
 ) -> *mut ibv_cq {
     guard(std::ptr::null_mut(), || {
         // SAFETY: checked handle.
         let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
             return fail_null(libc::EINVAL);
         };
+        // As rxe: one completion vector, 0.
+        if comp_vector != 0 {
+            return fail_null(libc::EINVAL);
+        }
         let ch = if channel.is_null() {
             None
         } else {

@@ -57,6 +57,10 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let Ok(cqe) = i32::try_from(a.cqe) else {
             return fail_null(libc::EINVAL);
         };
+        // As rxe: one completion vector, 0.
+        if a.comp_vector != 0 {
+            return fail_null(libc::EINVAL);
+        }
         new_cq(ctx, cqe, a.cq_context, a.channel, ch)
     })
 }
