@@ -96,7 +96,11 @@ fn every_function_of_libmlx5_and_libefa_is_exported_at_its_version() {
         .iter()
         .filter(|(lib, _, _)| lib == "libmlx5.so.1" || lib == "libefa.so.1")
         .collect();
-    assert!(providers.len() > 130, "{} provider symbols listed", providers.len());
+    assert!(
+        providers.len() > 130,
+        "{} provider symbols listed",
+        providers.len()
+    );
     let missing: Vec<String> = providers
         .iter()
         .filter(|(_, ver, name)| !ours.contains(&(name.clone(), ver.clone())))
@@ -106,11 +110,18 @@ fn every_function_of_libmlx5_and_libefa_is_exported_at_its_version() {
     // Against the real libraries, where Debian's are installed.
     for lib in ["libmlx5.so.1", "libefa.so.1"] {
         let real = std::path::Path::new("/usr/lib/x86_64-linux-gnu").join(lib);
-        let Ok(out) = std::process::Command::new("objdump").arg("-T").arg(&real).output() else {
+        let Ok(out) = std::process::Command::new("objdump")
+            .arg("-T")
+            .arg(&real)
+            .output()
+        else {
             continue;
         };
         if !out.status.success() {
-            eprintln!("{}: not installed, compared with the list only", real.display());
+            eprintln!(
+                "{}: not installed, compared with the list only",
+                real.display()
+            );
             continue;
         }
         let text = String::from_utf8_lossy(&out.stdout);
@@ -124,7 +135,10 @@ fn every_function_of_libmlx5_and_libefa_is_exported_at_its_version() {
             .filter(|p| !ours.contains(p))
             .map(|(n, v)| format!("{lib}: {n}@{v}"))
             .collect();
-        assert!(missing.is_empty(), "the installed {lib} has more: {missing:#?}");
+        assert!(
+            missing.is_empty(),
+            "the installed {lib} has more: {missing:#?}"
+        );
     }
 }
 

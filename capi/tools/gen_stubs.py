@@ -11,6 +11,7 @@ Functions the hand-written stubs (mlx5.rs, efa.rs) define are left out.
     python3 capi/tools/gen_stubs.py --check    # exit 1 if they differ from what it would write
 """
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,7 +92,14 @@ def main():
             body += ["}", ""]
             vers.append(f"    {name} @ \"{ver}\",")
         body += ["versioned!("] + vers + [");", ""]
-        new = "\n".join(body)
+        # As `cargo fmt` leaves it, so that the check and the formatter agree.
+        new = subprocess.run(
+            ["rustfmt", "--edition", "2021"],
+            input="\n".join(body),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         out = ROOT / "src/stubs" / OUT[lib]
         if "--check" in sys.argv:
             if not out.exists() or out.read_text() != new:

@@ -146,8 +146,7 @@ pub unsafe extern "C" fn mlx5dv_devx_create_event_channel() -> *mut libc::c_void
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_devx_destroy_cmd_comp() {
-}
+pub unsafe extern "C" fn mlx5dv_devx_destroy_cmd_comp() {}
 
 #[no_mangle]
 pub unsafe extern "C" fn mlx5dv_devx_destroy_eq() -> i32 {
@@ -155,8 +154,7 @@ pub unsafe extern "C" fn mlx5dv_devx_destroy_eq() -> i32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_devx_destroy_event_channel() {
-}
+pub unsafe extern "C" fn mlx5dv_devx_destroy_event_channel() {}
 
 #[no_mangle]
 pub unsafe extern "C" fn mlx5dv_devx_free_msi_vector() -> i32 {
@@ -164,8 +162,7 @@ pub unsafe extern "C" fn mlx5dv_devx_free_msi_vector() -> i32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_devx_free_uar() {
-}
+pub unsafe extern "C" fn mlx5dv_devx_free_uar() {}
 
 #[no_mangle]
 pub unsafe extern "C" fn mlx5dv_devx_get_async_cmd_comp() -> i32 {
@@ -394,8 +391,7 @@ pub unsafe extern "C" fn mlx5dv_dr_aso_other_domain_unlink() -> i32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_dr_domain_allow_duplicate_rules() {
-}
+pub unsafe extern "C" fn mlx5dv_dr_domain_allow_duplicate_rules() {}
 
 #[no_mangle]
 pub unsafe extern "C" fn mlx5dv_dr_domain_create() -> *mut libc::c_void {
@@ -408,8 +404,7 @@ pub unsafe extern "C" fn mlx5dv_dr_domain_destroy() -> i32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_dr_domain_set_reclaim_device_memory() {
-}
+pub unsafe extern "C" fn mlx5dv_dr_domain_set_reclaim_device_memory() {}
 
 #[no_mangle]
 pub unsafe extern "C" fn mlx5dv_dr_domain_sync() -> i32 {
@@ -472,8 +467,7 @@ pub unsafe extern "C" fn mlx5dv_dump_dr_table() -> i32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_free_var() {
-}
+pub unsafe extern "C" fn mlx5dv_free_var() {}
 
 #[no_mangle]
 pub unsafe extern "C" fn mlx5dv_get_clock_info() -> i32 {
@@ -516,8 +510,7 @@ pub unsafe extern "C" fn mlx5dv_pp_alloc() -> *mut libc::c_void {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_pp_free() {
-}
+pub unsafe extern "C" fn mlx5dv_pp_free() {}
 
 #[no_mangle]
 pub unsafe extern "C" fn mlx5dv_qp_cancel_posted_send_wrs() -> i32 {

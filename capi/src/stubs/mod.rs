@@ -5,7 +5,7 @@
 //! the real libraries export (libfabric and rdma-core's own tests bind them all at load time).
 
 mod efa;
-mod mlx5;
 /// The rest of each library's exports, generated (`capi/tools/gen_stubs.py`).
 mod efa_gen;
+mod mlx5;
 mod mlx5_gen;
