@@ -206,14 +206,15 @@ fn a_remote_access_the_peer_does_not_grant_fails_with_a_cause() {
 }
 
 #[test]
-fn waiting_times_out_and_a_channel_backed_wait_sleeps_on_the_channel() {
+fn waiting_times_out_and_a_wait_leaves_the_cqs_channel_to_the_application() {
     let ctx = verbs_util::loopback_ctx();
     let cq = ctx.create_cq(16, None).unwrap();
     assert!(matches!(
         cq.wait(Duration::from_millis(20)),
         Err(VerbsError::Timeout(_))
     ));
-    // With a channel: the wait arms, sleeps and takes the event itself.
+    // With a channel the application armed: the wait returns the completion from another
+    // thread, and the channel's event and its blocking mode stay the application's.
     let ch = ctx.create_comp_channel().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, Some(&ch)).unwrap();
@@ -223,7 +224,11 @@ fn waiting_times_out_and_a_channel_backed_wait_sleeps_on_the_channel() {
     b.connect(&a.endpoint(), &ConnectOptions::default())
         .unwrap();
     let mr = pd.alloc_mr(64, ALL).unwrap();
-    let waiter = std::thread::spawn(move || cq.wait(T).map(|wc| wc.opcode));
+    cq.req_notify(false).unwrap();
+    let waiter = {
+        let cq = cq.clone();
+        std::thread::spawn(move || cq.wait(T).map(|wc| wc.opcode))
+    };
     std::thread::sleep(Duration::from_millis(50));
     b.recv(mr.slice(..16).unwrap()).post().unwrap();
     a.send(mr.slice(16..24).unwrap())
@@ -231,6 +236,16 @@ fn waiting_times_out_and_a_channel_backed_wait_sleeps_on_the_channel() {
         .post()
         .unwrap();
     assert_eq!(waiter.join().unwrap().unwrap(), WcOpcode::Recv);
+    // SAFETY: F_GETFL on the channel's open descriptor.
+    let flags = unsafe { libc::fcntl(ch.fd(), libc::F_GETFL) };
+    assert_eq!(flags & libc::O_NONBLOCK, 0, "the channel's fd still blocks");
+    let evcq = ch.get_cq_event().unwrap();
+    evcq.ack_events(1);
+    drop(evcq);
+    drop((a, b));
+    cq.destroy()
+        .map_err(|(e, _)| e)
+        .expect("the event was acknowledged: the CQ can go");
 }
 
 #[test]

@@ -54,10 +54,10 @@ impl CompletionQueue {
         Ok((self.poll(&mut c)? == 1).then_some(c[0]))
     }
 
-    /// Wait up to `timeout` for a completion. A CQ with a completion channel of its own sleeps
-    /// on the channel (it arms the CQ, waits, takes and acknowledges the event, and polls
-    /// again); one without polls, driving the transport on this thread for the first
-    /// millisecond and then every 100 µs.
+    /// Wait up to `timeout` for a completion: poll, driving the transport on this thread for
+    /// the first millisecond and then every 100 µs. A completion channel of the CQ is left
+    /// alone (its events, and whether its fd blocks, stay the application's): an application
+    /// that wants to sleep on the channel arms the CQ and reads the channel itself.
     ///
     /// ```
     /// # use softrdma::verbs::*;
@@ -74,44 +74,18 @@ impl CompletionQueue {
     /// an error.
     pub fn wait(&self, timeout: std::time::Duration) -> Result<Completion> {
         let t0 = std::time::Instant::now();
-        if let Some(c) = self.poll_one()? {
-            return Ok(c);
-        }
-        let channel = self.inner.channel.clone();
         loop {
+            if let Some(c) = self.poll_one()? {
+                return Ok(c);
+            }
             let elapsed = t0.elapsed();
             if elapsed >= timeout {
                 return Err(VerbsError::Timeout(timeout));
             }
-            match &channel {
-                Some(ch) => {
-                    self.req_notify(false)?;
-                    if let Some(c) = self.poll_one()? {
-                        return Ok(c);
-                    }
-                    let mut p = libc::pollfd {
-                        fd: ch.fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    let left = (timeout - elapsed).as_millis().clamp(1, i32::MAX as u128) as i32;
-                    // SAFETY: one live pollfd.
-                    if unsafe { libc::poll(&mut p, 1, left) } > 0 {
-                        let chan = super::CompletionChannel {
-                            inner: ch.clone(),
-                            shared: self.shared.clone(),
-                        };
-                        chan.set_nonblocking(true)?;
-                        if let Ok(cq) = chan.get_cq_event() {
-                            cq.ack_events(1);
-                        }
-                    }
-                }
-                None if elapsed < std::time::Duration::from_millis(1) => std::thread::yield_now(),
-                None => std::thread::sleep(std::time::Duration::from_micros(100)),
-            }
-            if let Some(c) = self.poll_one()? {
-                return Ok(c);
+            if elapsed < std::time::Duration::from_millis(1) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
         }
     }
