@@ -18,10 +18,11 @@ use std::net::SocketAddr;
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
 
+use crate::rdma_cm::connection;
 use crate::rdma_cm::{CmEvent, CmaError, ConnectionOptions, EventChannel, EventType, PortSpace};
 use crate::verbs::{
-    CompletionChannel, CompletionQueue, Context, ProtectionDomain, Qp, QpInitAttr, QpType, Rc,
-    Result, VerbsError, WorkCompletion,
+    CompletionChannel, CompletionQueue, Context, ProtectionDomain, Qp, Rc, Result, VerbsError,
+    WorkCompletion,
 };
 
 /// A completion queue with a completion channel of its own in tokio's reactor:
@@ -183,27 +184,16 @@ impl Drop for AsyncConnection {
     }
 }
 
-fn param(o: &ConnectionOptions) -> crate::rdma_cm::ConnParam {
-    crate::rdma_cm::ConnParam {
-        private_data: o.private_data.clone(),
-        responder_resources: o.rd_atomic,
-        initiator_depth: o.rd_atomic,
-        ..Default::default()
-    }
-}
-
+/// The PD, awaitable CQ and RC QP of a connection on `id` (as a [`crate::rdma_cm::Connection`]
+/// has, with the CQ in the reactor).
 fn objects(
     id: &crate::rdma_cm::CmId,
     o: &ConnectionOptions,
 ) -> std::result::Result<(ProtectionDomain, AsyncCq, Qp<Rc>), CmaError> {
     let ctx = id.context().ok_or(CmaError::NoDevice)?;
-    let pd = ctx.alloc_pd()?;
+    let pd = connection::pd_of(id)?;
     let cq = AsyncCq::new(&ctx, o.cq_entries)?;
-    let attr = QpInitAttr {
-        cap: o.caps,
-        ..QpInitAttr::new(QpType::Rc, cq.cq())
-    };
-    let qp = Qp::from_queue_pair(id.create_qp(&pd, &attr)?)?;
+    let qp = connection::rc_qp(id, &pd, cq.cq(), o)?;
     Ok((pd, cq, qp))
 }
 
@@ -223,7 +213,7 @@ pub async fn connect(
     id.resolve_route(opts.timeout)?;
     drop(events.expect(EventType::RouteResolved).await?);
     let (pd, cq, qp) = objects(&id, opts)?;
-    id.connect(&param(opts))?;
+    id.connect(&opts.param())?;
     let ev = events.expect(EventType::Established).await?;
     let peer_data = ev.private_data().to_vec();
     drop(ev);
@@ -286,7 +276,7 @@ impl AsyncListener {
                 return Err(e);
             }
         };
-        id.accept(&param(opts))?;
+        id.accept(&opts.param())?;
         drop(events.expect(EventType::Established).await?);
         Ok(AsyncConnection {
             qp,

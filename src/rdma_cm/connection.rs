@@ -55,7 +55,8 @@ impl ConnectionOptions {
         self
     }
 
-    fn param(&self) -> ConnParam {
+    /// The connection parameters these options ask for.
+    pub(crate) fn param(&self) -> ConnParam {
         ConnParam {
             private_data: self.private_data.clone(),
             responder_resources: self.rd_atomic,
@@ -94,8 +95,22 @@ fn waited(
 }
 
 /// The PD of a connection on `id`'s device.
-fn pd_of(id: &CmId) -> Result<ProtectionDomain> {
+pub(crate) fn pd_of(id: &CmId) -> Result<ProtectionDomain> {
     Ok(id.context().ok_or(CmaError::NoDevice)?.alloc_pd()?)
+}
+
+/// The RC QP of a connection on `id`, in `pd`, completing into `cq`.
+pub(crate) fn rc_qp(
+    id: &CmId,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    o: &ConnectionOptions,
+) -> Result<Qp<Rc>> {
+    let attr = QpInitAttr {
+        cap: o.caps,
+        ..QpInitAttr::new(QpType::Rc, cq)
+    };
+    Ok(Qp::from_queue_pair(id.create_qp(pd, &attr)?)?)
 }
 
 /// The CQ and QP of a connection on `id`'s device, in `pd`.
@@ -106,11 +121,7 @@ fn cq_qp(
 ) -> Result<(CompletionQueue, Qp<Rc>)> {
     let ctx = id.context().ok_or(CmaError::NoDevice)?;
     let cq = ctx.create_cq(o.cq_entries, None)?;
-    let attr = QpInitAttr {
-        cap: o.caps,
-        ..QpInitAttr::new(QpType::Rc, &cq)
-    };
-    let qp = Qp::from_queue_pair(id.create_qp(pd, &attr)?)?;
+    let qp = rc_qp(id, pd, &cq, o)?;
     Ok((cq, qp))
 }
 

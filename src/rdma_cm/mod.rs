@@ -21,7 +21,7 @@
 //! form in the REQ, RoCEv2 over IPv6 on the wire).
 
 mod channel;
-mod connection;
+pub(crate) mod connection;
 pub(crate) mod core;
 mod error;
 mod event;
