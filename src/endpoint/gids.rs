@@ -84,6 +84,22 @@ impl GidTable {
         self.entries.iter().position(|e| e.gid == *gid)
     }
 
+    /// The source GID index for a path to `dgid`: the first entry of its family, for IPv6 the
+    /// first that is link-local when `dgid` is and global when it is not (else the first IPv6
+    /// one). `None`: no address of that family.
+    pub fn source_for(&self, dgid: &[u8; 16]) -> Option<u8> {
+        let dst = gid_to_ip(dgid);
+        let same = |e: &Entry| e.local.is_ipv4() == dst.is_ipv4();
+        let scope = |e: &Entry| match (e.local.ip(), dst) {
+            (IpAddr::V6(l), IpAddr::V6(d)) => link_local(&l) == link_local(&d),
+            _ => true,
+        };
+        let first = |f: &dyn Fn(&Entry) -> bool| self.entries.iter().position(f);
+        first(&|e| same(e) && scope(e))
+            .or_else(|| first(&same))
+            .map(|i| i as u8)
+    }
+
     /// Whether an address vector toward `dgid` from `sgid_index` can be used: the index is in
     /// the table and the endpoint has an address of the destination's family.
     pub fn check(&self, dgid: &[u8; 16], sgid_index: u8) -> Result<(), &'static str> {
@@ -169,6 +185,16 @@ mod tests {
         // The other family at the index: the first of the right one.
         assert_eq!(t.route_gid(&peer6.octets(), 0).unwrap().sock, 1);
         let ll: Ipv6Addr = "fe80::1".parse().unwrap();
+        // The source of a path: its family's first, of its scope for IPv6.
+        assert_eq!(t.source_for(&gid_of("192.0.2.9".parse().unwrap())), Some(0));
+        assert_eq!(t.source_for(&peer6.octets()), Some(2));
+        assert_eq!(t.source_for(&ll.octets()), Some(3));
+        let only_ll = GidTable::new(&locals[2..]);
+        assert_eq!(only_ll.source_for(&peer6.octets()), Some(0));
+        assert_eq!(
+            only_ll.source_for(&gid_of("192.0.2.9".parse().unwrap())),
+            None
+        );
         let r = t.route_gid(&ll.octets(), 3).unwrap();
         assert_eq!((r.sock, r.to), (2, "[fe80::1%4]:4791".parse().unwrap()));
         let r = t

@@ -415,6 +415,14 @@ impl Mtu {
         }
     }
 
+    /// The largest MTU of at most `n` bytes (256 when `n` is smaller still).
+    pub fn largest_within(n: usize) -> Mtu {
+        [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
+            .into_iter()
+            .find(|m| m.bytes() <= n)
+            .unwrap_or(Mtu::Mtu256)
+    }
+
     /// The MTU of an `enum ibv_mtu` value (1 to 5); `None` for any other.
     pub const fn from_enum(v: u32) -> Option<Mtu> {
         match v {
@@ -564,5 +572,19 @@ mod atomic_tests {
         let add = AtomicOp::FetchAdd { add: 3 };
         assert_eq!(add.apply(u64::MAX), 2);
         assert_eq!(add.apply(7), 10);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mtu;
+
+    #[test]
+    fn the_largest_mtu_within_a_size() {
+        assert_eq!(Mtu::largest_within(1500 - 80), Mtu::Mtu1024);
+        assert_eq!(Mtu::largest_within(4096), Mtu::Mtu4096);
+        assert_eq!(Mtu::largest_within(9000), Mtu::Mtu4096);
+        assert_eq!(Mtu::largest_within(2047), Mtu::Mtu1024);
+        assert_eq!(Mtu::largest_within(100), Mtu::Mtu256);
     }
 }

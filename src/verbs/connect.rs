@@ -110,21 +110,6 @@ impl Default for ConnectOptions {
     }
 }
 
-fn mtu_from_bytes(b: u32) -> Mtu {
-    [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
-        .into_iter()
-        .find(|m| m.bytes() as u32 <= b)
-        .unwrap_or(Mtu::Mtu256)
-}
-
-fn is_v4_mapped(gid: &[u8; 16]) -> bool {
-    gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff]
-}
-
-fn is_link_local(gid: &[u8; 16]) -> bool {
-    gid[0] == 0xfe && gid[1] & 0xc0 == 0x80
-}
-
 impl<K: QpKind> Qp<K> {
     /// What the peer needs to connect to this QP: its number, first PSN, the device's first
     /// GID (the IPv4 address when it has one) and active MTU.
@@ -141,23 +126,11 @@ impl<K: QpKind> Qp<K> {
     /// The GID index to send to `peer` from: the first of its family (a link-local one for a
     /// link-local peer).
     fn source_index(&self, peer: &[u8; 16]) -> Result<u8> {
-        let ctx = self.context();
-        let mut first = None;
-        for i in 0..=u8::MAX {
-            let Ok(g) = ctx.query_gid(1, i) else {
-                break;
-            };
-            if is_v4_mapped(&g) != is_v4_mapped(peer) {
-                continue;
-            }
-            if is_v4_mapped(peer) || is_link_local(&g) == is_link_local(peer) {
-                return Ok(i);
-            }
-            first.get_or_insert(i);
-        }
-        first.ok_or(VerbsError::InvalidArgument(
-            "the device has no address of the peer's family (IPv4 or IPv6)",
-        ))
+        self.context()
+            .source_gid_index(peer)
+            .ok_or(VerbsError::InvalidArgument(
+                "the device has no address of the peer's family (IPv4 or IPv6)",
+            ))
     }
 }
 
@@ -214,13 +187,9 @@ impl<K: Connected> Qp<K> {
             None => self.source_index(&peer.gid)?,
         };
         let mine = self.context().device().active_mtu();
-        let mtu = opts.mtu.unwrap_or_else(|| {
-            if mine.bytes() as u32 <= peer.mtu {
-                mine
-            } else {
-                mtu_from_bytes(peer.mtu)
-            }
-        });
+        let mtu = opts
+            .mtu
+            .unwrap_or_else(|| Mtu::largest_within(mine.bytes().min(peer.mtu as usize)));
         self.modify(&QpAttr {
             qp_state: Some(QpState::Rtr),
             path_mtu: Some(mtu),

@@ -185,6 +185,11 @@ impl Context {
         self.shared.io.gids.index_of(gid).map(|i| i as u8)
     }
 
+    /// The GID index a path to `dgid` starts from (see `GidTable::source_for`).
+    pub(crate) fn source_gid_index(&self, dgid: &[u8; 16]) -> Option<u8> {
+        self.shared.io.gids.source_for(dgid)
+    }
+
     /// `ibv_alloc_pd`.
     ///
     /// # Errors

@@ -170,11 +170,7 @@ impl Device {
     }
     /// The largest IB MTU that fits the interface with RoCEv2 headers (as rxe computes it).
     pub fn active_mtu(&self) -> Mtu {
-        let usable = self.if_mtu.saturating_sub(80) as usize;
-        [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
-            .into_iter()
-            .find(|m| m.bytes() <= usable)
-            .unwrap_or(Mtu::Mtu256)
+        Mtu::largest_within(self.if_mtu.saturating_sub(80) as usize)
     }
     /// `ibv_open_device`: bind the endpoint (UDP 4791 on the IPv4 address and on each IPv6
     /// address, shared with this user's other processes) and start its progress thread.

@@ -41,6 +41,8 @@ pub(crate) struct Watch {
     unknown: Vec<(u64, Instant)>,
     /// Strangers already reported.
     reported: Vec<u64>,
+    /// A repair failure was reported (one line, not one per round).
+    warned: bool,
     /// The slots of the registry at the last round (one missing now died or left).
     slots: Vec<u8>,
     last_scan: Option<Instant>,
@@ -168,8 +170,7 @@ impl Share {
                 // The connections of members seen dying are disconnected in their name; the
                 // records of members that died unwatched (before this one joined) are only
                 // removed: their peers are long gone or have timed out.
-                let (recs, _) = claim_orphans(&dir, me, &slots, reg, &died);
-                out.orphans = recs;
+                out.orphans = claim_orphans(&dir, me, &slots, reg, &died);
             }
             w.slots = slots;
         } else {
@@ -307,25 +308,23 @@ pub(super) fn describe_protocols(answers: &[Option<(u8, u8)>]) -> String {
 
 fn warn_once(me: &Inner, msg: &str) {
     let mut w = guard(&me.watch);
-    if w.reported.contains(&0) {
+    if std::mem::replace(&mut w.warned, true) {
         return;
     }
-    w.reported.push(0);
     eprintln!("softrdma: {msg}");
 }
 
 /// Take the connection records of slots no longer in the registry (`live`) nor held: renamed
 /// away first, so that exactly one member takes each. Returns the records of the slots in
-/// `died` (to disconnect) and how many others were removed.
+/// `died` (to disconnect); the others are only removed.
 fn claim_orphans(
     dir: &StateDir,
     me: &Inner,
     live: &[u8],
     reg: std::os::fd::RawFd,
     died: &[u8],
-) -> (Vec<ConnRecord>, usize) {
+) -> Vec<ConnRecord> {
     let mut out = Vec::new();
-    let mut removed = 0;
     for slot in 1..=super::MAX_SLOTS as u8 {
         if live.contains(&slot) || slot == me.slot || lock::slot_held(reg, slot) {
             continue;
@@ -347,10 +346,8 @@ fn claim_orphans(
             if let Ok(Some(t)) = dir.read(&claimed) {
                 out.extend(conns::parse(&t));
             }
-        } else {
-            removed += 1;
         }
         dir.remove(&claimed);
     }
-    (out, removed)
+    out
 }
