@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use softrdma::verbs::{
     AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, Context, MemoryRegion, Mtu,
-    ProtectionDomain, Qp, QpCaps, QpEndpoint, QpInitAttr, QpType, Rc, RemoteSlice, SendFlags,
-    SendOp, SendWr, WcStatus, WorkCompletion,
+    ProtectionDomain, Qp, QpCaps, QpEndpoint, QpInitAttr, QpType, Rc, SendFlags, SendOp, SendWr,
+    WorkCompletion,
 };
 
 pub type Res<T> = Result<T, String>;
@@ -234,15 +234,6 @@ impl Endpoint {
             .map_err(|e| format!("{}: connect: {e}", self.name))
     }
 
-    /// The peer's buffer it advertised.
-    pub fn remote(peer: &PeerInfo, len: usize) -> RemoteSlice {
-        RemoteSlice {
-            addr: peer.addr,
-            len: len as u64,
-            rkey: peer.rkey,
-        }
-    }
-
     pub fn post_recv(&self, wr_id: u64, off: usize, len: usize) -> Res<()> {
         let buf = self.mr.slice(off..off + len).map_err(|e| e.to_string())?;
         (self.qp.recv(buf).id(wr_id).post()).map_err(|e| format!("{}: post_recv: {e}", self.name))
@@ -275,17 +266,6 @@ impl Endpoint {
         self.mr.read(off, &mut b).map_err(|e| e.to_string())?;
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
-}
-
-pub fn check(name: &str, wc: WorkCompletion) -> Res<WorkCompletion> {
-    if wc.status != WcStatus::Success {
-        return Err(format!(
-            "{name}: completion for wr_id {} failed: {}",
-            wc.wr_id,
-            wc.status.as_str()
-        ));
-    }
-    Ok(wc)
 }
 
 /// How an example was asked to run.
