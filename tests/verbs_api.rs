@@ -416,13 +416,14 @@ fn typed_queue_pairs_refuse_the_wrong_transport() {
 
 #[test]
 fn the_responder_counts_why_it_refused_each_access() {
-    // Each refusal fails the requesting QP: a fresh pair per case.
-    let refused = |case: &dyn Fn(&Pair, &MemoryRegion) -> RemoteSlice,
+    // Each refusal fails the requesting QP: a fresh pair per case. A case gives the target
+    // and the region it lies in when that is not `local` (kept registered until the answer).
+    let refused = |case: &dyn Fn(&Pair, &MemoryRegion) -> (RemoteSlice, Option<MemoryRegion>),
                    opts: &ConnectOptions|
      -> AccessRefusals {
         let p = pair_with(opts);
         let local = p.pd.alloc_mr(64, ALL).unwrap();
-        let target = case(&p, &local);
+        let (target, _region) = case(&p, &local);
         p.a.write(local.slice(..8).unwrap(), target).post().unwrap();
         let wc = p.cq.wait(T).unwrap();
         assert_eq!(wc.status, WcStatus::RemAccessErr);
@@ -432,17 +433,18 @@ fn the_responder_counts_why_it_refused_each_access() {
     let r = refused(
         &|p, _| {
             let ro = p.pd.alloc_mr(64, AccessFlags::REMOTE_READ).unwrap();
-            let r = ro.remote(..).unwrap();
-            std::mem::forget(ro); // keep it registered past this closure
-            r
+            (ro.remote(..).unwrap(), Some(ro))
         },
         &default,
     );
     assert_eq!(r.region_access, 1, "{r:?}");
     let r = refused(
-        &|_, l| RemoteSlice {
-            rkey: l.rkey() ^ 0x5a5a_5a5a,
-            ..l.remote(..).unwrap()
+        &|_, l| {
+            let bad_key = RemoteSlice {
+                rkey: l.rkey() ^ 0x5a5a_5a5a,
+                ..l.remote(..).unwrap()
+            };
+            (bad_key, None)
         },
         &default,
     );
@@ -452,21 +454,24 @@ fn the_responder_counts_why_it_refused_each_access() {
             let gone = p.pd.alloc_mr(64, ALL).unwrap();
             let r = gone.remote(..).unwrap();
             drop(gone);
-            r
+            (r, None)
         },
         &default,
     );
     assert_eq!(r.deregistered, 1, "{r:?}");
     let r = refused(
-        &|_, l| RemoteSlice {
-            addr: l.addr() + 60,
-            ..l.remote(..).unwrap()
+        &|_, l| {
+            let past_end = RemoteSlice {
+                addr: l.addr() + 60,
+                ..l.remote(..).unwrap()
+            };
+            (past_end, None)
         },
         &default,
     );
     assert_eq!(r.out_of_bounds, 1, "{r:?}");
     let mut read_only_qp = ConnectOptions::default();
     read_only_qp.access = Some(AccessFlags::REMOTE_READ);
-    let r = refused(&|_, l| l.remote(..).unwrap(), &read_only_qp);
+    let r = refused(&|_, l| (l.remote(..).unwrap(), None), &read_only_qp);
     assert_eq!(r.qp_access, 1, "{r:?}");
 }
