@@ -25,7 +25,8 @@ fn pattern(chunk: usize) -> Vec<u8> {
     (0..CHUNK).map(|i| (i * 31 + chunk * 7) as u8).collect()
 }
 
-fn server(listener: TcpListener) -> Res<()> {
+/// A PD, a CQ and an RC QP on the first device.
+fn rc_qp() -> Res<(ProtectionDomain, CompletionQueue, Qp<Rc>)> {
     let ctx = devices()?
         .into_iter()
         .next()
@@ -33,6 +34,11 @@ fn server(listener: TcpListener) -> Res<()> {
         .open()?;
     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
     let qp = pd.create_rc_qp(&cq)?;
+    Ok((pd, cq, qp))
+}
+
+fn server(listener: TcpListener) -> Res<()> {
+    let (pd, _cq, qp) = rc_qp()?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let mr = pd.register(vec![0u8; SIZE], access)?;
     let (mut tcp, _) = listener.accept()?;
@@ -56,13 +62,7 @@ fn server(listener: TcpListener) -> Res<()> {
 }
 
 fn client(mut tcp: TcpStream) -> Res<()> {
-    let ctx = devices()?
-        .into_iter()
-        .next()
-        .ok_or("no RDMA device")?
-        .open()?;
-    let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
-    let qp = pd.create_rc_qp(&cq)?;
+    let (pd, cq, qp) = rc_qp()?;
     let local = pd.alloc_mr(2 * CHUNK, AccessFlags::LOCAL_WRITE)?;
     let mut ours = qp.endpoint().to_bytes().to_vec();
     ours.resize(QpEndpoint::WIRE_LEN + RemoteSlice::WIRE_LEN, 0);

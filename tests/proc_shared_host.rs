@@ -422,14 +422,7 @@ fn cm_qp(id: &softrdma::rdma_cm::CmId) -> softrdma::verbs::QueuePair {
     let cq = ctx.create_cq(8, None).unwrap();
     id.create_qp(
         &pd,
-        &softrdma::verbs::QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: Default::default(),
-            qp_type: softrdma::verbs::QpType::Rc,
-            sq_sig_all: false,
-            srq: None,
-        },
+        &softrdma::verbs::QpInitAttr::new(softrdma::verbs::QpType::Rc, &cq),
     )
     .unwrap()
 }

@@ -418,9 +418,8 @@ fn typed_queue_pairs_refuse_the_wrong_transport() {
 fn the_responder_counts_why_it_refused_each_access() {
     // Each refusal fails the requesting QP: a fresh pair per case. A case gives the target
     // and the region it lies in when that is not `local` (kept registered until the answer).
-    let refused = |case: &dyn Fn(&Pair, &MemoryRegion) -> (RemoteSlice, Option<MemoryRegion>),
-                   opts: &ConnectOptions|
-     -> AccessRefusals {
+    type Case = dyn Fn(&Pair, &MemoryRegion) -> (RemoteSlice, Option<MemoryRegion>);
+    let refused = |case: &Case, opts: &ConnectOptions| -> AccessRefusals {
         let p = pair_with(opts);
         let local = p.pd.alloc_mr(64, ALL).unwrap();
         let (target, _region) = case(&p, &local);
