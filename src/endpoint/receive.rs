@@ -258,9 +258,6 @@ fn from_peer(dest: Option<AddressVector>, src: IpAddr) -> bool {
     dest.is_some_and(|av| gid_to_ip(&av.dgid) == src)
 }
 
-/// The IPv6 and UDP headers of a datagram received from `src`:`src_port` on `local`, `len`
-/// bytes of UDP payload, with the traffic class, flow label and hop limit the kernel reported
-/// (the ICRC masks those three, and the UDP checksum, which the socket hides: 0 here).
 /// Whether a handed-over datagram's ICRC matches the network header it came with, and that
 /// header names its source and the local address.
 fn handed_over_icrc_ok(
@@ -291,6 +288,9 @@ fn handed_over_icrc_ok(
     }
 }
 
+/// The IPv6 and UDP headers of a datagram received from `src`:`src_port` on `local`, `len`
+/// bytes of UDP payload, with the traffic class, flow label and hop limit the kernel reported
+/// (the ICRC masks those three, and the UDP checksum, which the socket hides: 0 here).
 fn v6_header(
     src: std::net::Ipv6Addr,
     src_port: u16,
